@@ -1,0 +1,41 @@
+# veloxd: two commands set everything up. `make run` starts the daemon on the demo config
+# (an embedded tiny model, no download); `make test` runs the test suite.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+# Debian's OpenBLAS makes MLX CPU matmuls ~25x faster; used for benchmarks and training when present.
+OPENBLAS := $(firstword $(wildcard /usr/lib/*/openblas-pthread/libblas.so.3))
+BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
+
+.PHONY: run test bench bench-quick bench-kv bench-daemon schema clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(PY) -m veloxd.demo
+
+test: $(STAMP)
+	$(PY) -m pytest -q tests
+
+schema: $(STAMP)
+	$(PY) -m veloxd schema > schemas/veloxd.schema.json
+
+bench: $(STAMP)
+	$(BLAS_ENV) $(PY) -m benchmarks.run_all
+
+bench-quick: $(STAMP)
+	$(BLAS_ENV) $(PY) -m benchmarks.run_all --quick
+
+bench-kv: $(STAMP)
+	$(BLAS_ENV) $(PY) -m benchmarks.kv
+
+bench-daemon: $(STAMP)
+	$(PY) -m benchmarks.daemon
+
+clean:
+	rm -rf $(VENV) .cache .pytest_cache

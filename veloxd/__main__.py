@@ -1,0 +1,3 @@
+from veloxd.cli import main
+
+raise SystemExit(main())

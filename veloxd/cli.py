@@ -1,0 +1,53 @@
+"""The `veloxd` command line: subcommands only, no logic beyond argument handling.
+
+Each module in COMMAND_MODULES has `register(subparsers)`, which adds its subcommands with
+`set_defaults(func=run)`; `run(args) -> int` is the exit code. Command modules import
+nothing heavy at top level (no mlx), so `veloxd check` stays fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from veloxd import __version__
+
+COMMAND_MODULES = (
+    "veloxd.serve.command",  # serve
+    "veloxd.kv.command",  # methods
+    "veloxd.config.commands",  # check, schema, plan
+    "veloxd.daemon.commands",  # run, status, reload, restart, logs
+    "veloxd.launchd.commands",  # install, uninstall
+)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="veloxd",
+        description="Serve several MLX models at once, each with a compressed KV cache, from one YAML file.",
+    )
+    parser.add_argument("--version", action="version", version=f"veloxd {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name in COMMAND_MODULES:
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name != name:
+                raise
+            continue  # a command group not built yet
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help(sys.stderr)
+        return 2
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

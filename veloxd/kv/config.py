@@ -1,0 +1,353 @@
+"""`KVCacheConfig`: the single source of truth for KV-cache settings.
+
+Every field carries its own metadata (the methods it applies to, its type, its range or
+choices, a one-line description). The YAML schema, `veloxd serve --set`, `veloxd methods`
+and the README tables are all generated from it. This module imports no mlx.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from dataclasses import dataclass, field
+from typing import Any
+
+from veloxd.kv import registry
+
+QUANTIZERS = ("affine", "kivi", "turboquant_mse", "turboquant_prod", "qjl")
+TURBOQUANT = ("turboquant_mse", "turboquant_prod")
+SEEDED = ("affine", "turboquant_mse", "turboquant_prod", "qjl")
+
+
+def setting(
+    default: Any,
+    *,
+    methods: tuple[str, ...],
+    kind: type,
+    help: str,
+    choices: tuple[Any, ...] | None = None,
+    minimum: float | None = None,
+    maximum: float | None = None,
+    nullable: bool = False,
+) -> Any:
+    """Declare one config field with the metadata everything else is generated from."""
+    meta = {
+        "methods": methods,
+        "kind": kind,
+        "help": help,
+        "choices": choices,
+        "minimum": minimum,
+        "maximum": maximum,
+        "nullable": nullable,
+    }
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class KVCacheConfig:
+    """Settings of one compressed KV cache. Invalid or irrelevant settings raise ValueError."""
+
+    method: str
+    bits: int | None = setting(
+        None,
+        methods=registry.methods_with_bits(),
+        kind=int,
+        nullable=True,
+        help="Bits per stored element; valid values depend on the method (unset: its default).",
+    )
+    seed: int = setting(
+        0,
+        methods=SEEDED,
+        kind=int,
+        minimum=0,
+        maximum=2**31 - 1,
+        help="Seed for random rotations and sketches (layer i uses seed + i).",
+    )
+    # --- affine: per-token affine groups (mx.quantize triples) ---
+    affine_group_size: int = setting(
+        64,
+        methods=("affine",),
+        kind=int,
+        choices=(32, 64, 128),
+        help="Elements sharing one scale and bias, along the head dimension.",
+    )
+    affine_key_bits: int | None = setting(
+        None,
+        methods=("affine",),
+        kind=int,
+        choices=(2, 3, 4, 6, 8),
+        nullable=True,
+        help="Bit width of keys when it differs from values (e.g. 8-bit keys, 4-bit values).",
+    )
+    affine_rotate: bool = setting(
+        False,
+        methods=("affine",),
+        kind=bool,
+        help="Rotate keys and queries by a randomized Hadamard transform to spread outlier channels.",
+    )
+    # --- kivi: per-channel keys, per-token values, full-precision recent window ---
+    kivi_group_size: int = setting(
+        32,
+        methods=("kivi",),
+        kind=int,
+        choices=(32, 64, 128),
+        help="Tokens per key-quantization group (per channel) and channels per value group.",
+    )
+    kivi_residual_length: int = setting(
+        128,
+        methods=("kivi",),
+        kind=int,
+        minimum=0,
+        maximum=8192,
+        help="Most recent tokens kept in full precision; a multiple of kivi_group_size.",
+    )
+    # --- turboquant_mse / turboquant_prod ---
+    turboquant_outlier_channels: int = setting(
+        0,
+        methods=TURBOQUANT,
+        kind=int,
+        minimum=0,
+        maximum=512,
+        help="Rotated channels given one extra bit (fractional rates, e.g. 32 of 128 at 3 bits = 3.25).",
+    )
+    # --- qjl: 1-bit JL sketch of keys, affine values ---
+    qjl_sketch_dim: int = setting(
+        256,
+        methods=("qjl",),
+        kind=int,
+        minimum=16,
+        maximum=4096,
+        help="Rows of the Gaussian projection (sign bits stored per key); a multiple of 16.",
+    )
+    qjl_value_group_size: int = setting(
+        64,
+        methods=("qjl",),
+        kind=int,
+        choices=(32, 64, 128),
+        help="Elements sharing one scale and bias in the affine-quantized values.",
+    )
+    # --- streaming_llm: attention sinks + recent window ---
+    streaming_llm_sinks: int = setting(
+        4,
+        methods=("streaming_llm",),
+        kind=int,
+        minimum=0,
+        maximum=1024,
+        help="First tokens always kept (attention sinks).",
+    )
+    streaming_llm_window: int = setting(
+        1024,
+        methods=("streaming_llm",),
+        kind=int,
+        minimum=1,
+        maximum=1 << 20,
+        help="Most recent tokens kept.",
+    )
+    # --- knorm: keep low-norm keys ---
+    knorm_budget: int = setting(
+        1024,
+        methods=("knorm",),
+        kind=int,
+        minimum=1,
+        maximum=1 << 20,
+        help="Tokens kept per layer after eviction (recent window included).",
+    )
+    knorm_window: int = setting(
+        32,
+        methods=("knorm",),
+        kind=int,
+        minimum=0,
+        maximum=1 << 20,
+        help="Most recent tokens always kept, inside the budget.",
+    )
+    # --- snapkv (+ PyramidKV budgets) ---
+    snapkv_budget: int = setting(
+        1024,
+        methods=("snapkv",),
+        kind=int,
+        minimum=1,
+        maximum=1 << 20,
+        help="Prompt tokens kept per KV head at the end of prefill (observation window included).",
+    )
+    snapkv_window: int = setting(
+        32,
+        methods=("snapkv",),
+        kind=int,
+        minimum=1,
+        maximum=4096,
+        help="Last prompt queries whose attention scores the prompt (observation window).",
+    )
+    snapkv_kernel: int = setting(
+        5,
+        methods=("snapkv",),
+        kind=int,
+        minimum=1,
+        maximum=63,
+        help="Width of the 1-D max pooling that smooths the scores (odd).",
+    )
+    snapkv_pyramid: bool = setting(
+        False,
+        methods=("snapkv",),
+        kind=bool,
+        help="PyramidKV: budgets shrink from lower to higher layers, same average.",
+    )
+    # --- tova ---
+    tova_budget: int = setting(
+        1024,
+        methods=("tova",),
+        kind=int,
+        minimum=1,
+        maximum=1 << 20,
+        help="Tokens kept per layer; over budget, the lowest-attention token is dropped.",
+    )
+    # --- h2o ---
+    h2o_budget: int = setting(
+        1024,
+        methods=("h2o",),
+        kind=int,
+        minimum=2,
+        maximum=1 << 20,
+        help="Tokens kept per layer: heavy hitters plus the recent window.",
+    )
+    h2o_window: int = setting(
+        256,
+        methods=("h2o",),
+        kind=int,
+        minimum=1,
+        maximum=1 << 20,
+        help="Most recent tokens always kept, inside the budget.",
+    )
+
+    def __post_init__(self) -> None:
+        info = registry.get(self.method)  # raises ValueError naming valid methods
+        for f in settings():
+            _check_setting(f, getattr(self, f.name), self.method)
+        if self.bits is None:
+            object.__setattr__(self, "bits", info.default_bits)
+        elif self.bits not in info.bits_choices:
+            raise ValueError(
+                f"bits={self.bits} is not valid for method {self.method}; "
+                f"choose one of {list(info.bits_choices)}"
+            )
+        _check_cross_fields(self)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Every field, defaults included (the effective configuration)."""
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+
+    def overrides(self) -> dict[str, Any]:
+        """Fields that differ from their defaults, besides method, bits and seed."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in settings()
+            if f.name not in ("bits", "seed") and getattr(self, f.name) != f.default
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> KVCacheConfig:
+        """Inverse of to_dict; unknown keys raise ValueError with a suggestion."""
+        if "method" not in data:
+            raise ValueError("missing field 'method'")
+        for key in data:
+            if key != "method":
+                field_named(key)
+        return cls(**data)
+
+
+def settings() -> tuple[dataclasses.Field, ...]:
+    """All fields except `method`, in declaration order."""
+    return tuple(f for f in dataclasses.fields(KVCacheConfig) if f.name != "method")
+
+
+def field_named(name: str) -> dataclasses.Field:
+    """The field called `name`; ValueError with a did-you-mean otherwise."""
+    for f in settings():
+        if f.name == name:
+            return f
+    raise ValueError(f"unknown field '{name}'{did_you_mean(name, [f.name for f in settings()])}")
+
+
+def fields_for(method: str) -> tuple[str, ...]:
+    """Names of the fields that apply to `method` (bits only if it has a bit width)."""
+    return tuple(f.name for f in settings() if method in f.metadata["methods"])
+
+
+def override_fields_for(method: str) -> tuple[str, ...]:
+    """Fields that go in a YAML entry's `overrides` (those with their own key excluded)."""
+    return tuple(n for n in fields_for(method) if n not in ("bits", "seed"))
+
+
+def owners(name: str) -> tuple[str, ...]:
+    """Methods a field applies to."""
+    return tuple(field_named(name).metadata["methods"])
+
+
+def did_you_mean(word: str, candidates: list[str]) -> str:
+    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
+    return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def parse_value(name: str, text: str) -> Any:
+    """Parse a `--set FIELD=VALUE` string with the field's declared type."""
+    meta = field_named(name).metadata
+    kind = meta["kind"]
+    if meta["nullable"] and text.lower() in ("", "none", "null"):
+        return None
+    if kind is bool:
+        lowered = text.lower()
+        if lowered in ("1", "true", "yes", "on"):
+            return True
+        if lowered in ("0", "false", "no", "off"):
+            return False
+        raise ValueError(f"{name} must be true or false, not '{text}'")
+    try:
+        return kind(text)
+    except ValueError:
+        raise ValueError(f"{name} must be {kind.__name__}, not '{text}'") from None
+
+
+def _check_setting(f: dataclasses.Field, value: Any, method: str) -> None:
+    meta = f.metadata
+    if value is None and meta["nullable"]:
+        return
+    kind = meta["kind"]
+    # bool is a subclass of int: reject it for int fields, and accept nothing else for bools.
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+        raise ValueError(f"{f.name} must be {kind.__name__}, not {type(value).__name__} {value!r}")
+    if method not in meta["methods"] and value != f.default:
+        owners_text = ", ".join(meta["methods"]) or "no method"
+        raise ValueError(
+            f"{f.name} applies to method {owners_text}, not {method}"
+        )
+    if meta["choices"] is not None and value not in meta["choices"]:
+        raise ValueError(f"{f.name}={value!r} for method {method}: choose one of {list(meta['choices'])}")
+    if meta["minimum"] is not None and value < meta["minimum"]:
+        raise ValueError(f"{f.name}={value!r} for method {method}: must be >= {meta['minimum']}")
+    if meta["maximum"] is not None and value > meta["maximum"]:
+        raise ValueError(f"{f.name}={value!r} for method {method}: must be <= {meta['maximum']}")
+
+
+def _check_cross_fields(c: KVCacheConfig) -> None:
+    """Rules that involve two fields of the same method."""
+    if c.method == "kivi" and c.kivi_residual_length % c.kivi_group_size:
+        raise ValueError(
+            f"kivi_residual_length={c.kivi_residual_length} for method kivi: "
+            f"must be a multiple of kivi_group_size={c.kivi_group_size}"
+        )
+    if c.method == "qjl" and c.qjl_sketch_dim % 16:
+        raise ValueError(f"qjl_sketch_dim={c.qjl_sketch_dim} for method qjl: must be a multiple of 16")
+    if c.method == "snapkv":
+        if c.snapkv_window > c.snapkv_budget:
+            raise ValueError(
+                f"snapkv_window={c.snapkv_window} for method snapkv: must not exceed snapkv_budget={c.snapkv_budget}"
+            )
+        if c.snapkv_kernel % 2 == 0:
+            raise ValueError(f"snapkv_kernel={c.snapkv_kernel} for method snapkv: must be odd")
+    if c.method == "knorm" and c.knorm_window >= c.knorm_budget:
+        raise ValueError(
+            f"knorm_window={c.knorm_window} for method knorm: must be below knorm_budget={c.knorm_budget}"
+        )
+    if c.method == "h2o" and c.h2o_window >= c.h2o_budget:
+        raise ValueError(
+            f"h2o_window={c.h2o_window} for method h2o: must be below h2o_budget={c.h2o_budget}"
+        )
