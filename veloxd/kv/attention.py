@@ -45,18 +45,42 @@ def model_type(model: Any) -> str:
     return str(getattr(args, "model_type", None) or type(model).__module__.rsplit(".", 1)[-1])
 
 
+def unroutable_modules(modules: list[ModuleType]) -> list[ModuleType]:
+    """Modules whose attention bypasses the patchable function (calls the fused kernel directly)."""
+    return [
+        m
+        for m in modules
+        if not hasattr(m, "scaled_dot_product_attention") or "mx.fast.scaled_dot_product_attention(" in _source(m)
+    ]
+
+
+def refusal(model_type_name: str, culprits: list[ModuleType]) -> ValueError:
+    names = ", ".join(m.__name__ for m in culprits)
+    return ValueError(
+        f"model type '{model_type_name}' computes attention with MLX's fused kernel directly "
+        f"({names}); veloxd cannot compute its attention from a compressed cache. "
+        "Serve it with method fp16, or pick another model."
+    )
+
+
+def check_model_config(config: dict[str, Any]) -> None:
+    """Before loading weights: ValueError if the architecture in config.json cannot be routed."""
+    from mlx_lm.utils import _get_classes  # resolves model_type remapping exactly as load() does
+
+    model_class, _ = _get_classes(config)
+    module = sys.modules[model_class.__module__]
+    culprits = unroutable_modules([module])
+    if culprits:
+        raise refusal(str(config.get("model_type")), culprits)
+
+
 def check_routable(model: Any) -> None:
-    """ValueError unless every attention in `model` goes through the patchable function."""
+    """ValueError unless every attention in the loaded `model` goes through the patchable function."""
     modules = model_modules(model)
     routable = [m for m in modules if hasattr(m, "scaled_dot_product_attention")]
     direct = [m for m in modules if "mx.fast.scaled_dot_product_attention(" in _source(m)]
     if not routable or direct:
-        culprit = ", ".join(m.__name__ for m in direct) or type(model).__module__
-        raise ValueError(
-            f"model type '{model_type(model)}' computes attention with MLX's fused kernel directly "
-            f"({culprit}); veloxd cannot compute its attention from a compressed cache. "
-            "Serve it with method fp16, or pick another model."
-        )
+        raise refusal(model_type(model), direct or modules)
 
 
 def install(model: Any) -> int:
@@ -70,6 +94,8 @@ def install(model: Any) -> int:
         elif current is _original:
             module.scaled_dot_product_attention = dispatch_attention
             patched += 1
+        elif current is not None:
+            raise ValueError(f"{module.__name__}.scaled_dot_product_attention was replaced by someone else")
     return patched
 
 

@@ -1,0 +1,102 @@
+"""Shared test helpers: condition waits, free ports, and a real `veloxd serve` worker process."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parent.parent
+READY_PREFIX = "VELOXD_READY "
+
+
+def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.05, what: str = "condition") -> Any:
+    """Poll `predicate` until it returns a truthy value; fail after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(interval)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def veloxd_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "veloxd", *args]
+
+
+def run_veloxd(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        veloxd_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env
+    )
+
+
+class Worker:
+    """A real `veloxd serve` process; collects stdout/stderr lines, exposes the READY payload."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
+        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self.proc = subprocess.Popen(
+            veloxd_cmd("serve", *args),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env=full_env,
+            start_new_session=True,
+        )
+        self.stdout: list[str] = []
+        self.stderr: list[str] = []
+        for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr)):
+            threading.Thread(target=self._drain, args=(stream, sink), daemon=True).start()
+
+    @staticmethod
+    def _drain(stream: Any, sink: list[str]) -> None:
+        for line in stream:
+            sink.append(line.rstrip("\n"))
+
+    def ready(self, timeout: float = 120) -> dict[str, Any]:
+        def payload() -> dict[str, Any] | None:
+            for line in self.stdout:
+                if line.startswith(READY_PREFIX):
+                    return json.loads(line[len(READY_PREFIX):])
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited {self.proc.returncode}: {self.stderr[-20:]}")
+            return None
+
+        return wait_until(payload, timeout, what="VELOXD_READY")
+
+    def stop(self, timeout: float = 20) -> int:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, 9)
+            return self.proc.wait(5)
+
+
+def http_json(url: str, body: dict | None = None, headers: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, Any]:
+    """GET (or POST when body is given) and decode JSON; returns (status, payload)."""
+    data = json.dumps(body).encode() if body is not None else None
+    request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, json.loads(response.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"null")

@@ -1,0 +1,94 @@
+"""Contract tests for veloxd/serve/adapter.py: the mlx_lm.server internals it relies on.
+
+An mlx_lm upgrade that moves any of these breaks here, loudly, in one place.
+"""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import re
+
+import pytest
+
+mlx_server = pytest.importorskip("mlx_lm.server")
+
+from veloxd.serve import adapter  # noqa: E402
+
+
+def upstream_parser() -> argparse.ArgumentParser:
+    """mlx_lm.server.main()'s parser, captured when main() asks it to parse (test-only trick)."""
+    captured = {}
+
+    class Captured(Exception):
+        pass
+
+    original = argparse.ArgumentParser.parse_args
+
+    def capture(self, *args, **kwargs):
+        captured["parser"] = self
+        raise Captured
+
+    argparse.ArgumentParser.parse_args = capture
+    try:
+        with pytest.raises(Captured):
+            mlx_server.main()
+    finally:
+        argparse.ArgumentParser.parse_args = original
+    return captured["parser"]
+
+
+def test_installed_mlx_lm_is_in_the_tested_range():
+    adapter.check_version()
+
+
+def test_upstream_defaults_match_mlx_lm_server_main():
+    defaults = vars(upstream_parser().parse_args([]))
+    assert defaults == adapter.UPSTREAM_DEFAULTS
+
+
+def test_every_cli_arg_mlx_lm_server_reads_is_provided():
+    source = inspect.getsource(mlx_server)
+    read = set(re.findall(r"cli_args\.([a-z_]+)", source))
+    missing = read - set(adapter.UPSTREAM_DEFAULTS)
+    assert not missing, f"mlx_lm.server now reads {missing}"
+
+
+def test_model_provider_load_hook_signature():
+    params = list(inspect.signature(mlx_server.ModelProvider._load).parameters)
+    assert params == ["self", "model_path", "adapter_path", "draft_model_path"]
+    for attribute in ("_model_map", "_adapter_map", "is_batchable"):
+        assert attribute in inspect.getsource(mlx_server.ModelProvider.__init__)
+
+
+def test_api_handler_hooks_exist():
+    for name in ("do_GET", "do_POST", "handle_completion", "_set_completion_headers"):
+        assert callable(getattr(mlx_server.APIHandler, name))
+    init = inspect.signature(mlx_server.APIHandler.__init__).parameters
+    assert "system_fingerprint" in init
+    assert "requested_model" in inspect.getsource(mlx_server.APIHandler.do_POST)
+
+
+def test_response_generator_internals_used_for_stop_and_health():
+    source = inspect.getsource(mlx_server.ResponseGenerator)
+    for needle in ("self._stop", "self._generation_thread", "def is_healthy"):
+        assert needle in source
+
+
+def test_server_args_keeps_upstream_defaults_and_applies_overrides():
+    args = adapter.server_args(model="m", max_tokens=7, temp=None)
+    assert args.model == "m" and args.max_tokens == 7 and args.temp == 0.0
+    assert args.kv_bits is None  # mlx_lm's own KV quantization stays off: veloxd owns the cache
+
+
+def test_architecture_lookup_used_before_load_exists():
+    """veloxd.kv.attention.check_model_config resolves model types with mlx_lm.utils._get_classes."""
+    from mlx_lm.utils import _get_classes
+
+    from veloxd.kv.attention import check_model_config
+
+    model_class, _ = _get_classes({"model_type": "llama"})
+    assert model_class.__module__ == "mlx_lm.models.llama"
+    check_model_config({"model_type": "llama"})  # routable: no error
+    with pytest.raises(ValueError, match="model type 'plamo2'"):
+        check_model_config({"model_type": "plamo2"})

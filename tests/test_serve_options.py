@@ -1,0 +1,106 @@
+"""`veloxd serve` refuses bad flags with exit 2, naming the culprit, before any model loads."""
+
+from __future__ import annotations
+
+import socket
+import sys
+import time
+
+import pytest
+
+from tests.support import run_veloxd
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--method", "kivv"], "unknown method 'kivv'; did you mean 'kivi'?"),
+        (["--method", "kivi", "--set", "kivi_group_sise=64"], "did you mean 'kivi_group_size'?"),
+        (["--method", "h2o", "--set", "kivi_group_size=64"], "kivi_group_size applies to method kivi, not h2o"),
+        (["--method", "kivi", "--set", "bits=2"], "--set bits=...: use the --bits flag instead"),
+        (["--method", "kivi", "--set", "seed=1"], "use the --seed flag instead"),
+        (["--method", "kivi", "--set", "kivi_group_size=abc"], "kivi_group_size must be int, not 'abc'"),
+        (["--method", "kivi", "--set", "kivi_group_size=48"], "kivi_group_size=48 for method kivi: choose one of [32, 64, 128]"),
+        (["--method", "kivi", "--set", "kivi_residual_length=100"], "must be a multiple of kivi_group_size=32"),
+        (["--method", "kivi", "--bits", "3"], "bits=3 is not valid for method kivi; choose one of [2, 4]"),
+        (["--method", "fp16", "--bits", "4"], "method fp16 has no bit width"),
+        (["--method", "kivi", "--seed", "3"], "method kivi uses no random seed"),
+        (["--method", "kivi", "--set", "nonsense"], "expected FIELD=VALUE"),
+        (["--method", "affine", "--top-p", "1.5"], "--top-p 1.5: must be between 0 and 1"),
+        (["--method", "affine", "--port", "70000"], "--port 70000: must be between 1 and 65535"),
+        (["--method", "affine", "--api-key-env", "VELOXD_TEST_UNSET_KEY"], "VELOXD_TEST_UNSET_KEY: that environment variable is not set"),
+        (["--method", "affine", "--prompt-cache-bytes", "lots"], "expected a size such as 2G"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_culprit(tiny_model, flags, expected):
+    """Each mistake exits 2 with one clear line, and nothing heavy is imported."""
+    result = run_veloxd("serve", "--model", str(tiny_model), "--port", "1", *flags)
+    assert result.returncode == 2, result.stderr
+    assert expected in result.stderr
+    assert "Traceback" not in result.stderr
+    assert result.stdout == ""
+
+
+def test_missing_model_directory_is_refused_before_load(tmp_path):
+    result = run_veloxd("serve", "--model", str(tmp_path / "nope"), "--method", "affine")
+    assert result.returncode == 2
+    assert "no such model directory" in result.stderr
+
+
+def test_malformed_hugging_face_id_is_refused():
+    result = run_veloxd("serve", "--model", "not a repo id", "--method", "affine")
+    assert result.returncode == 2
+    assert "not a local directory nor a Hugging Face id" in result.stderr
+
+
+def test_port_in_use_exits_2_naming_the_port(tiny_model):
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        result = run_veloxd("serve", "--model", str(tiny_model), "--method", "fp16", "--port", str(port))
+    assert result.returncode == 2
+    assert f"port {port} on 127.0.0.1 is already in use" in result.stderr
+
+
+def test_validation_is_fast_and_never_imports_mlx(tiny_model):
+    """Rejection happens in well under a second of work: mlx is never imported."""
+    code = (
+        "import sys, time\n"
+        "from veloxd.cli import main\n"
+        "t = time.perf_counter()\n"
+        f"rc = main(['serve', '--model', {str(tiny_model)!r}, '--method', 'kivi', '--set', 'kivi_group_size=48'])\n"
+        "print(rc, 'mlx' in sys.modules, time.perf_counter() - t)\n"
+    )
+    import subprocess
+
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    rc, mlx_imported, seconds = out.stdout.split()
+    assert (rc, mlx_imported) == ("2", "False"), out.stderr
+    assert float(seconds) < 0.5
+
+
+def test_serve_help_lists_every_method_and_its_fields():
+    result = run_veloxd("serve", "--help")
+    assert result.returncode == 0
+    from veloxd.kv import registry
+
+    for name in registry.names():
+        assert name in result.stdout
+    assert "kivi_residual_length" in result.stdout
+
+
+def test_methods_json_is_the_registry():
+    import json
+
+    from veloxd.kv import registry
+
+    start = time.perf_counter()
+    result = run_veloxd("methods", "--json")
+    assert result.returncode == 0
+    data = json.loads(result.stdout)
+    assert [m["name"] for m in data["methods"]] == list(registry.names())
+    kivi = next(m for m in data["methods"] if m["name"] == "kivi")
+    assert kivi["bits_choices"] == [2, 4]
+    assert {f["name"] for f in kivi["fields"]} == {"bits", "kivi_group_size", "kivi_residual_length"}
+    assert time.perf_counter() - start < 30

@@ -1,0 +1,1 @@
+"""`veloxd serve`: one mlx_lm OpenAI-compatible server with a compressed KV cache."""

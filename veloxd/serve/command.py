@@ -1,0 +1,58 @@
+"""The `veloxd serve` subcommand: flags, validation before load, then the worker."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from veloxd.kv import registry
+from veloxd.kv.config import override_fields_for
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    fields = "; ".join(f"{m}: {', '.join(override_fields_for(m)) or '-'}" for m in registry.names())
+    p = sub.add_parser(
+        "serve",
+        help="run one OpenAI-compatible server with a compressed KV cache",
+        description="Serve one MLX model through mlx_lm's OpenAI-compatible server with a compressed "
+        "KV cache. Invalid flags exit 2 before the model loads. Prints one line "
+        "'VELOXD_READY {json}' on stdout once the model is loaded and the cache wired.",
+        epilog=f"--set fields per method: {fields}",
+    )
+    p.add_argument("--model", required=True, help="local model directory or Hugging Face id")
+    p.add_argument("--method", default="affine", help=f"KV-cache method: {', '.join(registry.names())} (default affine)")
+    p.add_argument("--bits", type=int, help="bits per element (valid values depend on the method)")
+    p.add_argument("--seed", type=int, help="seed for rotations and sketches (methods that use one)")
+    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    p.add_argument("--adapter-path", help="LoRA adapter directory")
+    p.add_argument("--max-tokens", type=int, help="default max tokens per completion")
+    p.add_argument("--temp", type=float, help="default sampling temperature")
+    p.add_argument("--top-p", type=float, help="default nucleus sampling top-p")
+    p.add_argument("--prompt-cache-size", type=int, help="prompt caches kept for prefix reuse (count)")
+    p.add_argument("--prompt-cache-bytes", help="byte bound of the prompt caches, e.g. 2G (batched path only)")
+    p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="a KVCacheConfig field (repeatable)")
+    p.add_argument("--api-key-env", metavar="VAR", help="require 'Authorization: Bearer $VAR' on every request but /health")
+    p.add_argument("--lifeline-fd", type=int, help=argparse.SUPPRESS)  # the daemon's pipe: EOF means it died
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from veloxd.serve.options import UsageError, build_options
+
+    try:
+        options = build_options(args)
+    except UsageError as err:
+        print(f"veloxd serve: error: {err}", file=sys.stderr)
+        return 2
+    for warning in options.warnings:
+        print(f"veloxd serve: warning: {warning}", file=sys.stderr)
+    from veloxd.serve.worker import serve  # imports mlx: only after validation
+
+    code = serve(options)
+    # Leave without interpreter teardown: MLX's C++ stream threads abort ("terminate called
+    # without an active exception") when static destructors run after a served request.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

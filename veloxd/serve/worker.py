@@ -1,0 +1,162 @@
+"""The `veloxd serve` process: load on mlx_lm's generation thread, wire caches, READY, serve, stop.
+
+Exit codes: 0 clean stop (SIGTERM/SIGINT, or the daemon's lifeline closed), 2 the model cannot
+be served with this method (never fixes itself), 3 the model failed to load or the generation
+thread died (worth a restart).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from veloxd.kv.attention import check_model_config
+from veloxd.serve.adapter import PinnedProvider, ServerHandle, check_version, handler_class, model_names, server_args
+from veloxd.serve.options import ServeOptions
+from veloxd.serve.wiring import wire_caches
+
+READY_PREFIX = "VELOXD_READY "
+READY_SCHEMA_VERSION = 1
+
+
+class Stopper:
+    """Records the first exit code asked for and stops the HTTP server (from any thread)."""
+
+    def __init__(self) -> None:
+        self.code: int | None = None
+        self._lock = threading.Lock()
+        self.handle: ServerHandle | None = None
+
+    def stop(self, code: int, message: str | None = None) -> None:
+        with self._lock:
+            if self.code is not None:
+                return
+            self.code = code
+        if message:
+            print(f"veloxd serve: {message}", file=sys.stderr, flush=True)
+        if self.handle is not None:
+            threading.Thread(target=self.handle.httpd.shutdown, daemon=True).start()
+
+
+def endpoints(host: str, port: int) -> dict[str, str]:
+    shown = f"[{host}]" if ":" in host else host
+    base = f"http://{shown}:{port}"
+    return {
+        "openai_base_url": f"{base}/v1",
+        "chat_completions": f"{base}/v1/chat/completions",
+        "completions": f"{base}/v1/completions",
+        "models": f"{base}/v1/models",
+        "health": f"{base}/health",
+    }
+
+
+def ready_payload(options: ServeOptions, model_id: str, wiring: Any, load_s: float) -> dict[str, Any]:
+    info = options.info
+    return {
+        "schema_version": READY_SCHEMA_VERSION,
+        "model": model_id,
+        "method": options.kv.method,
+        "bits": options.kv.bits,
+        "config": options.kv.to_dict(),
+        "host": options.host,
+        "port": options.port,
+        "pid": os.getpid(),
+        "layer_caches": wiring.layer_caches,
+        "batchable": wiring.batchable,
+        "trimmable": info.trimmable,
+        "storage": info.storage,
+        "auth": options.api_key_env is not None,
+        "endpoints": endpoints(options.host, options.port),
+        "kv_bytes_per_token": wiring.kv_bytes_per_token,
+        "load_s": round(load_s, 3),
+    }
+
+
+def watch_lifeline(fd: int, stopper: Stopper) -> None:
+    """Block on the daemon's pipe; EOF means the daemon died: leave within a second."""
+    try:
+        while os.read(fd, 64):
+            pass
+    except OSError:
+        pass
+    stopper.stop(0, "the daemon's lifeline closed; exiting")
+    threading.Timer(1.0, os._exit, args=(0,)).start()  # if a clean stop hangs, still leave
+
+
+def watch_generation(handle: ServerHandle, stopper: Stopper) -> None:
+    """A dead generation thread behind a live port hangs every request: exit instead."""
+    handle.generator._generation_thread.join()
+    stopper.stop(3, "mlx_lm's generation thread stopped (see the error above); exiting")
+
+
+def precheck_architecture(options: ServeOptions) -> str | None:
+    """Fail before loading weights when a local model's architecture cannot be routed."""
+    config_file = Path(options.model).expanduser() / "config.json"
+    if options.kv.method == "fp16" or not config_file.is_file():
+        return None
+    try:
+        check_model_config(json.loads(config_file.read_text()))
+    except ValueError as err:
+        return f"error: cannot serve {options.model} with method {options.kv.method}: {err}"
+    return None
+
+
+def serve(options: ServeOptions) -> int:
+    check_version()
+    refused = precheck_architecture(options)
+    if refused:
+        print(f"veloxd serve: {refused}", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
+    stopper = Stopper()
+    model_id, names = model_names(options.model)
+    started = time.monotonic()
+
+    def on_loaded(model: Any, tokenizer: Any) -> bool:
+        try:
+            wiring = wire_caches(model, options.kv)
+        except ValueError as err:
+            stopper.stop(2, f"error: cannot serve {model_id} with method {options.kv.method}: {err}")
+            raise
+        except Exception:
+            stopper.stop(3, "error: wiring the KV cache failed:\n" + traceback.format_exc())
+            raise
+        payload = ready_payload(options, model_id, wiring, time.monotonic() - started)
+        print(READY_PREFIX + json.dumps(payload, sort_keys=True), flush=True)
+        return wiring.batchable
+
+    cli_args = server_args(
+        model=options.model,
+        adapter_path=options.adapter_path,
+        host=options.host,
+        port=options.port,
+        max_tokens=options.max_tokens,
+        temp=options.temp,
+        top_p=options.top_p,
+        prompt_cache_size=options.prompt_cache_size,
+        prompt_cache_bytes=options.prompt_cache_bytes,
+    )
+    provider = PinnedProvider(cli_args, names, on_loaded)
+    try:
+        handle = ServerHandle(options.host, options.port, provider, handler_class(model_id, names, options.api_key))
+    except OSError as err:
+        print(f"veloxd serve: error: --port {options.port}: cannot bind {options.host}:{options.port} ({err.strerror})", file=sys.stderr)
+        return 2
+    stopper.handle = handle
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stopper.stop(0))
+    if options.lifeline_fd is not None:
+        threading.Thread(target=watch_lifeline, args=(options.lifeline_fd, stopper), daemon=True).start()
+    threading.Thread(target=watch_generation, args=(handle, stopper), daemon=True).start()
+    if stopper.code is None:
+        handle.serve_forever()
+    handle.close(join_timeout=10.0)
+    return stopper.code or 0
