@@ -108,16 +108,23 @@ class KVCacheConfig:
         kind=int,
         minimum=0,
         maximum=512,
-        help="Rotated channels given one extra bit (fractional rates, e.g. 32 of 128 at 3 bits = 3.25).",
+        help="Rotated channels given one extra bit (fractional rates, e.g. 32 of 128 at 3 bits = 3.25); a multiple of 32.",
+    )
+    turboquant_codebook: str = setting(
+        "lloyd_max",
+        methods=TURBOQUANT,
+        kind=str,
+        choices=("lloyd_max", "uniform"),
+        help="Levels per rotated coordinate: Lloyd-Max (the paper) or the best evenly spaced ones (faster attention on CPU).",
     )
     # --- qjl: 1-bit JL sketch of keys, affine values ---
     qjl_sketch_dim: int = setting(
         256,
         methods=("qjl",),
         kind=int,
-        minimum=16,
+        minimum=32,
         maximum=4096,
-        help="Rows of the Gaussian projection (sign bits stored per key); a multiple of 16.",
+        help="Rows of the Gaussian projection (sign bits stored per key); a multiple of 32.",
     )
     qjl_value_group_size: int = setting(
         64,
@@ -190,6 +197,14 @@ class KVCacheConfig:
         methods=("snapkv",),
         kind=bool,
         help="PyramidKV: budgets shrink from lower to higher layers, same average.",
+    )
+    snapkv_pyramid_beta: int = setting(
+        20,
+        methods=("snapkv",),
+        kind=int,
+        minimum=1,
+        maximum=1000,
+        help="PyramidKV steepness: the last layer keeps 1/beta of the average prompt budget (window excluded).",
     )
     # --- tova ---
     tova_budget: int = setting(
@@ -334,8 +349,13 @@ def _check_cross_fields(c: KVCacheConfig) -> None:
             f"kivi_residual_length={c.kivi_residual_length} for method kivi: "
             f"must be a multiple of kivi_group_size={c.kivi_group_size}"
         )
-    if c.method == "qjl" and c.qjl_sketch_dim % 16:
-        raise ValueError(f"qjl_sketch_dim={c.qjl_sketch_dim} for method qjl: must be a multiple of 16")
+    if c.method == "qjl" and c.qjl_sketch_dim % 32:
+        raise ValueError(f"qjl_sketch_dim={c.qjl_sketch_dim} for method qjl: must be a multiple of 32")
+    if c.method in TURBOQUANT and c.turboquant_outlier_channels % 32:
+        raise ValueError(
+            f"turboquant_outlier_channels={c.turboquant_outlier_channels} for method {c.method}: "
+            "must be a multiple of 32"
+        )
     if c.method == "snapkv":
         if c.snapkv_window > c.snapkv_budget:
             raise ValueError(

@@ -70,6 +70,7 @@ METHODS: tuple[MethodInfo, ...] = (
         impl="veloxd.kv.affine:AffineCache",
         bits_choices=(2, 3, 4, 6, 8),
         default_bits=4,
+        deviations="Values are never rotated (QuaRot folds their rotation into model weights); one rotation per layer from seed + layer index; fp16 scales and biases (bits + 32/group_size bits per element).",
     ),
     MethodInfo(
         name="kivi",
@@ -82,6 +83,7 @@ METHODS: tuple[MethodInfo, ...] = (
         impl="veloxd.kv.kivi:KIVICache",
         bits_choices=(2, 4),
         default_bits=4,
+        deviations="Values are quantized with their keys, whole groups at a time, so R..R+G-1 recent tokens of both stay exact (KIVI: exactly R values, 0..R-1 keys); fp16 scales and zeros; trimming into a quantized group dequantizes its kept part into the window.",
     ),
     MethodInfo(
         name="turboquant_mse",
@@ -128,6 +130,7 @@ METHODS: tuple[MethodInfo, ...] = (
         batchable=True,
         trimmable="until_eviction",
         impl="veloxd.kv.streaming:StreamingLLMCache",
+        deviations="Keys keep their true positions (the paper re-indexes positions inside the cache); the sink + window visibility also applies inside prefill chunks, so chunking never changes the result.",
     ),
     MethodInfo(
         name="knorm",
@@ -138,6 +141,7 @@ METHODS: tuple[MethodInfo, ...] = (
         batchable=True,
         trimmable="until_eviction",
         impl="veloxd.kv.knorm:KNormCache",
+        deviations="Selection per KV head (as kvpress); the knorm_window most recent tokens are always kept; eviction after every step that leaves more than knorm_budget tokens.",
     ),
     MethodInfo(
         name="snapkv",
@@ -148,6 +152,7 @@ METHODS: tuple[MethodInfo, ...] = (
         batchable=True,
         trimmable="until_eviction",
         impl="veloxd.kv.snapkv:SnapKVCache",
+        deviations="Decode re-compresses every snapkv_window steps when over budget (the paper lets decode grow), so a layer holds at most budget + window tokens; pooling runs over retained tokens in position order; after a trim the observation window holds only the queries stashed before the cut.",
     ),
     MethodInfo(
         name="tova",
@@ -155,9 +160,10 @@ METHODS: tuple[MethodInfo, ...] = (
         summary="Over budget, drops the token with the lowest attention from the current query, averaged over heads.",
         paper="Transformers are Multi-State RNNs (Oren et al., 2024, arXiv 2401.06104)",
         storage="evicted",
-        batchable=False,
+        batchable=True,
         trimmable="until_eviction",
         impl="veloxd.kv.tova:TOVACache",
+        deviations="A prefill chunk attends with nothing evicted inside it, then keeps the tova_budget tokens its last query attends to most.",
     ),
     MethodInfo(
         name="h2o",
@@ -165,9 +171,10 @@ METHODS: tuple[MethodInfo, ...] = (
         summary="Keeps heavy hitters by accumulated attention plus the most recent tokens.",
         paper="H2O: Heavy-Hitter Oracle for Efficient Generative Inference of Large Language Models (Zhang et al., NeurIPS 2023, arXiv 2306.14048)",
         storage="evicted",
-        batchable=False,
+        batchable=True,
         trimmable="until_eviction",
         impl="veloxd.kv.h2o:H2OCache",
+        deviations="A prefill chunk attends with nothing evicted inside it and evicts at its end; after a trim the accumulated scores keep what the trimmed queries contributed.",
     ),
 )
 

@@ -1,0 +1,157 @@
+"""`veloxd check`, `veloxd schema` and `veloxd plan`: argument handling and output only."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from veloxd.paths import default_config_path, default_state_dir
+
+EXIT_VALID, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
+_DEFAULT = "default: $VELOXD_CONFIG, else ~/.config/veloxd/veloxd.yaml"
+
+
+def register(sub: Any) -> None:
+    check = sub.add_parser("check", help="validate a config file (exit 0 valid, 1 invalid, 2 unreadable)",
+                           description="Validate a veloxd.yaml. Errors go to stderr, one per line, as "
+                           "FILE:LINE:COL: message (at $.json.path). Exit 0 valid, 1 invalid, 2 unreadable.")
+    check.add_argument("file", nargs="?", metavar="FILE", help=f"config file ({_DEFAULT})")
+    check.add_argument("--json", action="store_true", help="print {valid, errors: [...]} on stdout")
+    check.add_argument("--effective", action="store_true",
+                       help="when valid, print the config as the daemon sees it: defaults filled in, paths resolved")
+    check.set_defaults(func=run_check)
+
+    schema = sub.add_parser("schema", help="print the JSON Schema of veloxd.yaml",
+                            description="Print the JSON Schema (draft-07) generated from the KV-cache settings "
+                            "and the method registry; schemas/veloxd.schema.json holds the same text.")
+    schema.add_argument("--docs", action="store_true", help="print the Markdown reference tables instead")
+    schema.set_defaults(func=run_schema)
+
+    plan = sub.add_parser("plan", help="show what applying a config would change in the running daemon",
+                          description="Compare FILE with the config the running daemon applied (from its "
+                          "state file; without a running daemon, with an empty state) and list the servers to "
+                          "start, restart, update in place, stop or keep. Changes nothing.")
+    plan.add_argument("file", nargs="?", metavar="FILE", help=f"config file ({_DEFAULT})")
+    plan.add_argument("--state-dir", type=Path, metavar="DIR",
+                      help=f"daemon state directory (default: {default_state_dir()})")
+    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
+    plan.set_defaults(func=run_plan)
+
+
+def run_check(args: argparse.Namespace) -> int:
+    from veloxd.config.loader import inspect_config
+
+    path = args.file or str(default_config_path())
+    result = inspect_config(path)
+    valid = result.config is not None
+    if args.json:
+        print(json.dumps({"valid": valid, "errors": [i.to_dict() for i in result.issues]}, indent=2))
+    elif valid and args.effective:
+        from veloxd.config.dump import dump_yaml
+        from veloxd.config.model import config_to_dict
+
+        document = config_to_dict(result.config)
+        header = f"# effective config of {document.pop('source')} (sha256 {document.pop('sha256')})\n"
+        sys.stdout.write(header + dump_yaml(document))
+    elif valid:
+        print(f"{path}: valid; {_servers_line(result.config)}")
+    else:
+        for issue in result.issues:
+            print(issue, file=sys.stderr)
+    if valid:
+        return EXIT_VALID
+    return EXIT_UNREADABLE if result.unreadable else EXIT_INVALID
+
+
+def run_schema(args: argparse.Namespace) -> int:
+    if args.docs:
+        from veloxd.config.docs import render_markdown
+
+        sys.stdout.write(render_markdown())
+    else:
+        from veloxd.config.schema import schema_text
+
+        sys.stdout.write(schema_text())
+    return EXIT_VALID
+
+
+def run_plan(args: argparse.Namespace) -> int:
+    from veloxd.config.loader import inspect_config
+    from veloxd.config.plan import diff
+
+    path = args.file or str(default_config_path())
+    result = inspect_config(path)
+    if result.config is None:
+        for issue in result.issues:
+            print(issue, file=sys.stderr)
+        return EXIT_UNREADABLE if result.unreadable else EXIT_INVALID
+    state_dir = args.state_dir or default_state_dir()
+    try:
+        current, against = _applied_config(state_dir)
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        print(f"veloxd plan: cannot read the daemon state in {state_dir}: {err}", file=sys.stderr)
+        return EXIT_UNREADABLE
+    plan = diff(current, result.config)
+    if args.json:
+        print(json.dumps({"file": path, "against": against, **plan.to_dict()}, indent=2))
+        return EXIT_VALID
+    print(f"plan for {path}: {against}")
+    entries = result.config.servers
+    for name in plan.added:
+        e = entries[name]
+        print(f"  + {name:<20} start    ({_method_text(e)} on {e.host}:{e.port})")
+    for name, keys in plan.changed.items():
+        print(f"  ~ {name:<20} restart  ({', '.join(keys)})")
+    for name, keys in plan.updated.items():
+        print(f"  ~ {name:<20} update   ({', '.join(keys)})")
+    for name in plan.removed:
+        print(f"  - {name:<20} stop")
+    for name in plan.unchanged:
+        print(f"  = {name:<20} unchanged")
+    print(plan.summary())
+    return EXIT_VALID
+
+
+def _applied_config(state_dir: Path) -> tuple[Any, str]:
+    """The config the running daemon applied (from its state file), and a note saying what was compared."""
+    from veloxd.config.model import config_from_dict
+
+    state = _optional("veloxd.daemon.statefile", "read_state", "veloxd.daemon.state")
+    state = state(state_dir) if state else None
+    alive = _optional("veloxd.daemon.views", "daemon_alive")
+    if not state or not state.get("config") or (alive is not None and not alive(state)):
+        return None, "no running daemon found; planning against an empty state"
+    current = config_from_dict(state["config"])
+    return current, f"against the config the running daemon applied ({state.get('config_path') or current.source})"
+
+
+def _optional(module_name: str, attribute: str, *fallbacks: str) -> Any:
+    """`module.attribute` from the first of the daemon's modules that has it; None before they exist."""
+    for name in (module_name, *fallbacks):
+        try:
+            module = importlib.import_module(name)
+        except ModuleNotFoundError as err:
+            if err.name not in (name, "veloxd.daemon"):
+                raise
+            continue
+        if hasattr(module, attribute):
+            return getattr(module, attribute)
+    return None
+
+
+def _method_text(entry: Any) -> str:
+    from veloxd.kv import registry
+
+    return f"{entry.method} {entry.kv.bits}-bit" if registry.get(entry.method).bits_choices else entry.method
+
+
+def _servers_line(config: Any) -> str:
+    servers = config.servers
+    if not servers:
+        return "no servers"
+    listed = ", ".join(f"{name} ({_method_text(e)} on {e.host}:{e.port})" for name, e in servers.items())
+    return f"{len(servers)} server{'s' if len(servers) != 1 else ''}: {listed}"

@@ -1,0 +1,79 @@
+"""Markdown reference tables (methods, KV-cache settings, server keys), generated like the schema."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any
+
+from veloxd.config.schema import OWN_KEYS, build_schema
+from veloxd.kv import registry
+from veloxd.kv.config import settings
+
+
+def render_markdown() -> str:
+    """The README's reference section: `veloxd schema --docs`."""
+    return "\n".join([
+        "### KV-cache methods", "", methods_table(), "",
+        "### KV-cache settings (`bits`, `seed`, and `overrides`)", "", fields_table(), "",
+        "### Server entry keys", "", entry_keys_table(), "",
+    ])
+
+
+def methods_table() -> str:
+    rows = [["method", "family", "bits (default)", "storage", "batchable", "prefix trim", "overrides"]]
+    for name in registry.names():
+        m = registry.get(name)
+        bits = f"{'/'.join(map(str, m.bits_choices))} ({m.default_bits})" if m.bits_choices else "-"
+        fields = [f"`{f}`" for f in m.fields if f not in OWN_KEYS]
+        rows.append([f"`{m.name}`", m.family, bits, m.storage, "yes" if m.batchable else "no",
+                     m.trimmable.replace("_", " "), ", ".join(fields) or "-"])
+    return _table(rows)
+
+
+def fields_table() -> str:
+    rows = [["setting", "methods", "type", "default", "allowed", "description"]]
+    for f in settings():
+        meta = f.metadata
+        allowed = ", ".join(map(str, meta["choices"])) if meta["choices"] else _range(meta)
+        where = "entry key" if f.name in OWN_KEYS else "`overrides`"
+        rows.append([f"`{f.name}` ({where})", ", ".join(meta["methods"]), meta["kind"].__name__
+                     + (" or null" if meta["nullable"] else ""), _show(f.default), allowed, meta["help"]])
+    return _table(rows)
+
+
+def entry_keys_table() -> str:
+    server = build_schema()["definitions"]["server"]
+    rows = [["key", "type", "default", "description"]]
+    for key, spec in server["properties"].items():
+        rows.append([f"`{key}`" + (" (required)" if key in server["required"] else ""), _type(spec),
+                     _show(spec["default"]) if "default" in spec else "-", spec.get("description", "")])
+        if spec.get("type") == "object" and "properties" in spec and key != "overrides":
+            for sub, sub_spec in spec["properties"].items():
+                rows.append([f"`{key}.{sub}`", _type(sub_spec), _show(sub_spec.get("default")),
+                             sub_spec.get("description", "")])
+    return _table(rows)
+
+
+def _range(meta: dict[str, Any]) -> str:
+    low, high = meta["minimum"], meta["maximum"]
+    if low is None and high is None:
+        return "-"
+    return f"{'' if low is None else low}..{'' if high is None else high}"
+
+
+def _type(spec: dict[str, Any]) -> str:
+    kind = spec.get("type", "-")
+    return " or ".join(kind) if isinstance(kind, list) else kind
+
+
+def _show(value: Any) -> str:
+    if value is dataclasses.MISSING:
+        return "-"
+    return f"`{json.dumps(value)}`"
+
+
+def _table(rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    lines.insert(1, "|" + "---|" * len(rows[0]))
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""`load_config(path)`: file checks, YAML with positions, schema, semantic checks; every problem at once."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from veloxd.config.errors import ConfigError, ConfigIssue, json_path, one_line
+from veloxd.config.model import VERSION, Config, ServerEntry
+from veloxd.config.semantic import check_entry, endpoint_conflicts
+from veloxd.config.source import SourceProblem, read_source
+from veloxd.config.validate import locate, schema_issues
+from veloxd.config.yaml_nodes import YamlProblem, parse
+
+
+@dataclass
+class Inspection:
+    """What `veloxd check` reports: the config when valid, else every issue sorted by position."""
+
+    config: Config | None
+    issues: list[ConfigIssue] = field(default_factory=list)
+    unreadable: bool = False
+
+
+def load_config(path: str | os.PathLike) -> Config:
+    """The validated config in `path`; ConfigError listing every problem otherwise."""
+    result = inspect_config(path)
+    if result.config is None:
+        raise ConfigError(result.issues, unreadable=result.unreadable)
+    return result.config
+
+
+def inspect_config(path: str | os.PathLike) -> Inspection:
+    """Like load_config, but returns the issues instead of raising."""
+    file = os.fspath(path)
+    try:
+        source = read_source(path)
+    except SourceProblem as problem:
+        issue = ConfigIssue(file, *problem.position, "$", one_line(problem.message))
+        return Inspection(None, [issue], unreadable=problem.unreadable)
+    issues = [ConfigIssue(file, *position, "$", one_line(message)) for position, message in source.problems]
+    try:
+        parsed = parse(source.text)
+    except YamlProblem as problem:
+        return _invalid(issues + [ConfigIssue(file, *problem.position, json_path(problem.path),
+                                                 one_line(problem.message))])
+    yaml_issues = [ConfigIssue(file, *position, json_path(p), one_line(message))
+                   for position, p, message in parsed.problems]
+    issues += yaml_issues
+    data, spans = parsed.data, parsed.spans
+    if data is None:
+        return _invalid(issues + [ConfigIssue(
+            file, 1, 1, "$", f"the file is empty: write 'version: {VERSION}' and a 'servers' mapping")])
+    if not isinstance(data, dict):
+        return _invalid(issues + [locate(
+            file, spans, (), f"the top level must be a mapping with 'version' and 'servers', not {_kind(data)}")])
+    bad_paths = {p for _, p, _ in parsed.problems}
+    for path_parts, issue in schema_issues(data, spans, file):
+        if path_parts not in bad_paths:  # e.g. a bad tag: do not also report the string's type
+            issues.append(issue)
+            bad_paths.add(path_parts)
+    servers: dict[str, ServerEntry] = {}
+    raw_servers = data.get("servers") if isinstance(data.get("servers"), dict) else {}
+    for name, raw in raw_servers.items():
+        if not isinstance(raw, dict):
+            continue
+        bad_keys = {p[2] for p in bad_paths if len(p) > 2 and p[:2] == ("servers", name)}
+        entry, problems = check_entry(name, raw, source.path.parent, bad_keys)
+        issues += [locate(file, spans, ("servers", name) + p, message) for p, message in problems]
+        if entry is not None:
+            servers[name] = entry
+    for name, message in endpoint_conflicts(_endpoints(raw_servers)):
+        issues.append(locate(file, spans, ("servers", name, "port"), message))
+    if issues:
+        return _invalid(issues)
+    return Inspection(Config(version=VERSION, servers=servers, source=str(source.path), sha256=source.sha256))
+
+
+def _invalid(issues: list[ConfigIssue]) -> Inspection:
+    return Inspection(None, sorted(set(issues), key=lambda i: (i.line, i.column, i.path, i.message)))
+
+
+def _endpoints(raw_servers: dict[str, Any]) -> dict[str, tuple[str, int]]:
+    """host:port of every entry whose host and port are themselves valid."""
+    out = {}
+    for name, raw in raw_servers.items():
+        if not isinstance(raw, dict):
+            continue
+        host, port = raw.get("host", "127.0.0.1"), raw.get("port")
+        if isinstance(host, str) and isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
+            out[name] = (host, port)
+    return out
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, list):
+        return "a list"
+    if isinstance(value, str):
+        return f"the string {value!r}" if len(value) < 40 else "a string"
+    return f"the value {value!r}"

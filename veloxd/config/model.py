@@ -1,0 +1,270 @@
+"""The typed config: frozen dataclasses holding every default and key description (the schema reads them).
+
+Also the worker command line of an entry (`serve_argv`), what a restart depends on
+(`process_key`), and the exact dict round trip used by the daemon's state file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import MISSING, dataclass, field
+from typing import Any, Callable, Mapping
+
+from veloxd.config.units import SIZE_HELP, SIZE_PATTERN, parse_size
+from veloxd.kv import registry
+from veloxd.kv.config import KVCacheConfig, fields_for
+
+VERSION = 1
+NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+HOST_PATTERN = r"^[A-Za-z0-9.:-]+$"
+
+
+def key(
+    default: Any = MISSING,
+    *,
+    help: str,
+    schema: dict[str, Any],
+    live: bool = False,
+    factory: Callable[[], Any] | Any = MISSING,
+    convert: Callable[[Any], Any] | None = None,
+) -> Any:
+    """A YAML key: default, description, JSON Schema constraints; `live` keys change without a restart."""
+    meta = {"help": help, "schema": schema, "live": live, "convert": convert}
+    return field(default=default, default_factory=factory, metadata=meta)
+
+
+def section(cls: type, *, help: str, live: bool = False) -> Any:
+    """A nested mapping of keys, itself a dataclass declared with `key`."""
+    return field(default_factory=cls, metadata={"help": help, "section": cls, "live": live})
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temp: float = key(0.0, help="Sampling temperature for requests that set none; 0 is greedy.",
+                      schema={"type": "number", "minimum": 0, "maximum": 2})
+    top_p: float = key(1.0, help="Nucleus-sampling top-p for requests that set none; 1 keeps every token.",
+                       schema={"type": "number", "minimum": 0, "maximum": 1})
+    max_tokens: int = key(512, help="Maximum tokens generated for requests that set no limit.",
+                          schema={"type": "integer", "minimum": 1, "maximum": 1 << 20})
+
+
+@dataclass(frozen=True)
+class PromptCache:
+    size: int = key(10, help="Distinct prompt KV caches kept for reuse across requests.",
+                    schema={"type": "integer", "minimum": 1, "maximum": 100000})
+    bytes: int | None = key(None, help=f"Cap on the memory of the kept caches: {SIZE_HELP}; unset: no cap.",
+                            schema={"type": ["integer", "string", "null"], "minimum": 1, "pattern": SIZE_PATTERN},
+                            convert=lambda value: None if value is None else parse_size(value))
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    max_failures: int = key(5, help="Failed starts or crashes within window_s after which the server is FATAL "
+                            "(left stopped until its entry changes or `veloxd restart NAME`).",
+                            schema={"type": "integer", "minimum": 1, "maximum": 1000})
+    window_s: float = key(300.0, help="Seconds over which failures are counted.",
+                          schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400})
+    backoff_initial_s: float = key(1.0, help="Delay before the first restart; it doubles after each failure.",
+                                   schema={"type": "number", "exclusiveMinimum": 0, "maximum": 3600})
+    backoff_max_s: float = key(60.0, help="Longest delay between restarts; at least backoff_initial_s.",
+                               schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400})
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServerEntry:
+    """One server of veloxd.yaml, defaults applied, paths resolved, KV cache validated."""
+
+    name: str
+    model: str = key(help="Model to serve: a local MLX model directory (relative paths resolve against this "
+                     "file's directory, ~ expands) or a Hugging Face id 'owner/name'.",
+                     schema={"type": "string", "minLength": 1})
+    port: int = key(help="TCP port of this server's OpenAI-compatible API; host:port pairs must be unique.",
+                    schema={"type": "integer", "minimum": 1, "maximum": 65535})
+    host: str = key("127.0.0.1", help="Address to bind. Loopback by default; any other address exposes the "
+                    "server and needs api_key_env, or allow_unauthenticated: true.",
+                    schema={"type": "string", "pattern": HOST_PATTERN, "maxLength": 253})
+    kv: KVCacheConfig = field(metadata={"kv": True})  # YAML keys: method, bits, seed, overrides
+    sampling: Sampling = section(Sampling, help="Sampling defaults for requests that do not set their own.")
+    prompt_cache: PromptCache = section(PromptCache, help="mlx_lm's prompt cache: reuses the KV cache of a "
+                                        "shared prefix across requests.")
+    env: Mapping[str, str] = key(factory=dict, help="Extra environment variables for this server's process "
+                                 "(string values: quote numbers).",
+                                 schema={"type": "object", "propertyNames": {"pattern": ENV_NAME_PATTERN},
+                                         "additionalProperties": {"type": "string"}})
+    adapter_path: str | None = key(None, help="LoRA adapter directory loaded on top of the model (relative "
+                                   "paths resolve against this file's directory).",
+                                   schema={"type": ["string", "null"], "minLength": 1})
+    api_key_env: str | None = key(None, help="Name of an environment variable (the daemon's, or from env) "
+                                  "holding the bearer token clients must send; unset: no authentication.",
+                                  schema={"type": ["string", "null"], "pattern": ENV_NAME_PATTERN})
+    allow_unauthenticated: bool = key(False, help="Set true to bind a non-loopback host without api_key_env, "
+                                      "deliberately.", schema={"type": "boolean"}, live=True)
+    description: str = key("", help="Free text shown by `veloxd status`; changing it restarts nothing.",
+                           schema={"type": "string", "maxLength": 1000}, live=True)
+    ready_timeout_s: float = key(600.0, help="Seconds allowed for loading the model until the worker reports "
+                                 "ready; longer counts as a failed start.",
+                                 schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400}, live=True)
+    stop_timeout_s: float = key(30.0, help="Seconds between SIGTERM and SIGKILL when stopping the server.",
+                                schema={"type": "number", "exclusiveMinimum": 0, "maximum": 3600}, live=True)
+    restart: RestartPolicy = section(RestartPolicy, help="What happens when the server crashes or fails to "
+                                     "start: exponential backoff, then FATAL.", live=True)
+
+    @property
+    def method(self) -> str:
+        return self.kv.method
+
+    def serve_argv(self) -> list[str]:
+        """The flags of `veloxd serve` that run this entry (without the program name)."""
+        kv, s, pc = self.kv, self.sampling, self.prompt_cache
+        argv = ["--model", self.model, "--method", kv.method]
+        if registry.get(kv.method).bits_choices:
+            argv += ["--bits", str(kv.bits)]
+        if "seed" in fields_for(kv.method):
+            argv += ["--seed", str(kv.seed)]
+        argv += ["--host", self.host, "--port", str(self.port)]
+        if self.adapter_path:
+            argv += ["--adapter-path", self.adapter_path]
+        argv += ["--max-tokens", str(s.max_tokens), "--temp", str(s.temp), "--top-p", str(s.top_p)]
+        argv += ["--prompt-cache-size", str(pc.size)]
+        if pc.bytes is not None:
+            argv += ["--prompt-cache-bytes", str(pc.bytes)]
+        if self.api_key_env:
+            argv += ["--api-key-env", self.api_key_env]
+        for name, value in kv.overrides().items():
+            argv += ["--set", f"{name}={_flag_text(value)}"]
+        return argv
+
+    def process_key(self) -> dict[str, Any]:
+        """Flat `{key: value}` of everything whose change needs a restart (JSON-serialisable)."""
+        return _flat_keys(self, live=False)
+
+    def live_key(self) -> dict[str, Any]:
+        """Flat `{key: value}` of what can change while the server runs."""
+        return _flat_keys(self, live=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The entry as YAML-shaped plain data, defaults included; valid against the schema."""
+        out: dict[str, Any] = {}
+        for f in yaml_fields(ServerEntry):
+            value = getattr(self, f.name)
+            if "kv" in f.metadata:
+                out.update(_kv_to_dict(value))
+            elif "section" in f.metadata:
+                out[f.name] = dataclasses.asdict(value)
+            else:
+                out[f.name] = dict(value) if isinstance(value, Mapping) else value
+        return out
+
+    @classmethod
+    def from_dict(cls, name: str, data: Mapping[str, Any]) -> ServerEntry:
+        """Build from YAML-shaped data (schema-valid); ValueError when the KV settings are invalid."""
+        kwargs: dict[str, Any] = {"name": name}
+        for f in yaml_fields(cls):
+            if "kv" in f.metadata:
+                kwargs["kv"] = _kv_from_dict(data)
+            elif f.name in data and "section" in f.metadata:
+                section_cls = f.metadata["section"]
+                given = data[f.name] or {}
+                kwargs[f.name] = section_cls(**{sf.name: _coerce(sf, given[sf.name])
+                                                for sf in yaml_fields(section_cls) if sf.name in given})
+            elif f.name in data:
+                kwargs[f.name] = _coerce(f, data[f.name])
+        return cls(**kwargs)
+
+
+@dataclass(frozen=True)
+class Config:
+    """A whole veloxd.yaml: `servers` in file order; `sha256` of the file's bytes."""
+
+    version: int
+    servers: Mapping[str, ServerEntry]
+    source: str
+    sha256: str
+
+
+def yaml_fields(cls: type) -> tuple[dataclasses.Field, ...]:
+    """The dataclass fields that are YAML keys (or, for `kv`, stand for method/bits/seed/overrides)."""
+    return tuple(f for f in dataclasses.fields(cls) if f.metadata)
+
+
+def config_to_dict(config: Config) -> dict[str, Any]:
+    """Plain data for the state file; `config_from_dict` inverts it exactly."""
+    return {
+        "version": config.version,
+        "source": config.source,
+        "sha256": config.sha256,
+        "servers": {name: entry.to_dict() for name, entry in config.servers.items()},
+    }
+
+
+def config_from_dict(data: Mapping[str, Any]) -> Config:
+    """Inverse of `config_to_dict` (no file-system checks); ValueError when `data` is malformed."""
+    try:
+        servers = {name: ServerEntry.from_dict(name, entry) for name, entry in data["servers"].items()}
+        return Config(version=int(data["version"]), servers=servers,
+                      source=str(data["source"]), sha256=str(data["sha256"]))
+    except (KeyError, TypeError, AttributeError) as err:
+        raise ValueError(f"malformed config data: {type(err).__name__}: {err}") from None
+
+
+def _kv_to_dict(kv: KVCacheConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {"method": kv.method}
+    if registry.get(kv.method).bits_choices:
+        out["bits"] = kv.bits
+    if "seed" in fields_for(kv.method):
+        out["seed"] = kv.seed
+    out["overrides"] = kv.overrides()
+    return out
+
+
+def _kv_from_dict(data: Mapping[str, Any]) -> KVCacheConfig:
+    values: dict[str, Any] = {"method": data["method"]}
+    values.update(data.get("overrides") or {})
+    for own in ("bits", "seed"):
+        if data.get(own) is not None:
+            values[own] = data[own]
+    for name, value in values.items():
+        if isinstance(value, float) and value.is_integer():
+            values[name] = int(value)  # JSON Schema's "integer" admits 32.0
+    return KVCacheConfig.from_dict(values)
+
+
+def _coerce(f: dataclasses.Field, value: Any) -> Any:
+    """Normalise a schema-valid value to the field's Python type (32.0 -> 32 for integers, 1 -> 1.0 for numbers)."""
+    if f.metadata.get("convert"):
+        return f.metadata["convert"](value)
+    kind = f.metadata["schema"].get("type")
+    if value is None or isinstance(value, bool):
+        return value
+    if kind == "integer" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if kind == "number" and isinstance(value, int):
+        return float(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+def _flat_keys(entry: ServerEntry, *, live: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in yaml_fields(ServerEntry):
+        if f.metadata.get("live", False) != live:
+            continue
+        value = getattr(entry, f.name)
+        if "kv" in f.metadata:
+            for name, setting in value.to_dict().items():
+                out[name if name in ("method", "bits", "seed") else f"overrides.{name}"] = setting
+        elif "section" in f.metadata:
+            out.update({f"{f.name}.{k}": v for k, v in dataclasses.asdict(value).items()})
+        elif isinstance(value, Mapping):
+            out.update({f"{f.name}.{k}": value[k] for k in sorted(value)})
+        else:
+            out[f.name] = value
+    return out
+
+
+def _flag_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "none" if value is None else str(value)
