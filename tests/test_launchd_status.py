@@ -156,3 +156,21 @@ def test_a_hung_launchctl_is_reported_not_waited_on_forever(tmp_path: Path, monk
     monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin")
     result = launchctl.run("print", TARGET, timeout=0.5)
     assert result.returncode == 124 and "did not answer within" in result.text
+
+
+def test_veloxd_status_reports_launchd_view_even_without_a_state_file(tmp_path: Path) -> None:
+    """`veloxd status` shows what launchd knows (loaded, pid, disabled) next to the daemon's state."""
+    h = LaunchdHarness(tmp_path)
+    assert h.install().returncode == 0
+    state_dir = tmp_path / "no-daemon-yet"
+    result = h.run("status", "--state-dir", str(state_dir))
+    assert result.returncode == 1  # no daemon state: the daemon has not run
+    assert f"launchd: {LABEL} loaded" in result.stdout and "pid 4001" in result.stdout
+    h.mark("disabled", LABEL)
+    as_json = h.run("status", "--json", "--state-dir", str(state_dir))
+    import json
+
+    data = json.loads(as_json.stdout)
+    assert data["launchd"]["loaded"] is True and data["launchd"]["disabled"] is True
+    assert data["daemon_alive"] is False
+    assert "DISABLED" in h.run("status", "--state-dir", str(state_dir)).stdout

@@ -76,6 +76,8 @@ def blockwise_attention(
         if keep is not None:
             scores = mx.where(keep, scores, -mx.inf)
         probs = mx.softmax(scores, axis=-1)
+        if keep is not None:
+            probs = mx.where(keep, probs, 0.0)  # a row with every key masked is NaN: make it 0
         out = value_fn(probs.astype(queries.dtype), 0, length)
         return ungroup(out).astype(queries.dtype)
 

@@ -41,7 +41,10 @@ class Stopper:
                 return
             self.code = code
         if message:
-            print(f"veloxd serve: {message}", file=sys.stderr, flush=True)
+            try:
+                print(f"veloxd serve: {message}", file=sys.stderr, flush=True)
+            except OSError:
+                pass  # the daemon died and nobody reads stderr (EPIPE): still stop
         if self.handle is not None:
             threading.Thread(target=self.handle.httpd.shutdown, daemon=True).start()
 
@@ -87,8 +90,8 @@ def watch_lifeline(fd: int, stopper: Stopper) -> None:
             pass
     except OSError:
         pass
-    stopper.stop(0, "the daemon's lifeline closed; exiting")
     threading.Timer(1.0, os._exit, args=(0,)).start()  # if a clean stop hangs, still leave
+    stopper.stop(0, "the daemon's lifeline closed; exiting")
 
 
 def watch_generation(handle: ServerHandle, stopper: Stopper) -> None:

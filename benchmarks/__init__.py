@@ -1,0 +1,1 @@
+"""veloxd benchmarks: the tiny trained model, KV-cache quality/memory/speed, serving."""

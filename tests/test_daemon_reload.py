@@ -1,0 +1,229 @@
+"""`veloxd run` follows edits of its config: only changed servers restart (pids prove it).
+
+One real daemon for the module, with stand-in workers on loopback; each test edits the real
+file the way an editor does and waits for the daemon's events. The last test stops it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import signal
+import subprocess
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.fixtures.daemon_harness import DaemonHarness, entry, pid_alive, wait_for, wait_gone
+from tests.support import REPO, free_port, veloxd_cmd
+from veloxd.daemon.logs import FIXED_KEYS
+
+NAMES = ("a", "b", "c")
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonHarness]:
+    h = DaemonHarness(tmp_path_factory.mktemp("reload"))
+    h.servers = {name: entry(free_port()) for name in NAMES}  # type: ignore[attr-defined]
+    h.write(h.servers)  # type: ignore[attr-defined]
+    h.start()
+    try:
+        h.wait_states(dict.fromkeys(NAMES, "ready"))
+        yield h
+    finally:
+        h.cleanup()
+
+
+def save(h: DaemonHarness, how: str = "replace", **changes: dict) -> None:
+    """Apply per-server changes to the harness's servers and save the file."""
+    for name, change in changes.items():
+        h.servers[name] = {**h.servers[name], **change}  # type: ignore[attr-defined]
+    h.write(h.servers, how=how)  # type: ignore[attr-defined]
+
+
+def settled(h: DaemonHarness) -> dict[str, int]:
+    """Wait until every server is READY; return their pids."""
+    servers = h.wait_states({name: "ready" for name in h.servers})  # type: ignore[attr-defined]
+    return {name: s["pid"] for name, s in servers.items()}
+
+
+def test_editing_one_entry_restarts_only_that_server(daemon: DaemonHarness) -> None:
+    """Change b's method: b gets a new pid, a and c keep theirs; the plan names b and its keys."""
+    before = settled(daemon)
+    mark = daemon.mark()
+    save(daemon, b={"method": "affine", "bits": 4})
+    reloaded = daemon.wait_event("config_reloaded", after=mark)
+    assert list(reloaded["plan"]["changed"]) == ["b"] and {"method", "bits"} <= set(reloaded["plan"]["changed"]["b"])
+    ready = daemon.wait_event("server_ready", after=mark, server="b")
+    assert ready["ready"]["method"] == "affine" and ready["pid"] != before["b"]
+    after = settled(daemon)
+    assert after["a"] == before["a"] and after["c"] == before["c"]
+    assert after["b"] == ready["pid"] and not pid_alive(before["b"])
+    assert {r["server"] for r in daemon.events("server_stopping")[-1:]} == {"b"}
+
+
+def test_live_only_change_applies_without_a_restart(daemon: DaemonHarness) -> None:
+    """A description or a timeout changes nothing that runs: same pid, no stop."""
+    before = settled(daemon)
+    mark = daemon.mark()
+    save(daemon, a={"description": "edited live", "ready_timeout_s": 30})
+    reloaded = daemon.wait_event("config_reloaded", after=mark)
+    assert set(reloaded["plan"]["updated"]) == {"a"} and not reloaded["plan"]["changed"]
+    assert settled(daemon) == before
+    assert not [r for r in daemon.records()[mark:] if r["event"] in ("server_stopping", "server_starting")]
+
+
+def test_invalid_edit_restarts_nothing_and_logs_each_error_location(daemon: DaemonHarness) -> None:
+    """Two errors in the new file: both reported with line and column, every server keeps running."""
+    before = settled(daemon)
+    good = daemon.config.read_text()
+    lines = good.splitlines()
+    lines[3] = lines[3].replace('"port": ', '"prot": ')  # line 4: server b, misspelled key
+    lines[4] = lines[4].replace('"method": "fp16"', '"method": "fp17"')  # line 5: server c, unknown method
+    mark = daemon.mark()
+    daemon.write("\n".join(lines) + "\n")
+    failed = daemon.wait_event("config_reload_failed", after=mark)
+    located = {(e["line"], e["path"]) for e in failed["errors"]}
+    assert any(line == 4 and path.startswith("$.servers.b") for line, path in located), failed["errors"]
+    assert any(line == 5 and path.startswith("$.servers.c") for line, path in located), failed["errors"]
+    assert all(isinstance(e["column"], int) and e["column"] >= 1 for e in failed["errors"])
+    assert any(text.startswith(f"{daemon.config}:4:") for text in failed["error_lines"])
+    assert settled(daemon) == before
+    again = daemon.cli("reload")  # the same refused bytes: the errors again, exit 1
+    assert again.returncode == 1 and f"{daemon.config}:4:" in again.stderr and "keeps running" in again.stderr
+    status = daemon.cli("status")
+    assert "FAILED, kept the last good config" in status.stdout and f"{daemon.config}:5:" in status.stdout
+    mark = daemon.mark()
+    daemon.write(good)  # back to the running config: accepted, nothing to do
+    reloaded = daemon.wait_event("config_reloaded", after=mark)
+    assert not reloaded["plan"]["changed"] and not reloaded["plan"]["added"] and not reloaded["plan"]["removed"]
+    assert settled(daemon) == before
+
+
+def test_file_replaced_by_rename_like_vim_is_noticed(daemon: DaemonHarness) -> None:
+    """vim renames the original away and writes a new file: the directory watch still sees it."""
+    before = settled(daemon)
+    mark = daemon.mark()
+    save(daemon, how="vim", c={"method": "kivi", "bits": 4})
+    ready = daemon.wait_event("server_ready", after=mark, server="c")
+    assert ready["ready"]["method"] == "kivi"
+    after = settled(daemon)
+    assert after["c"] != before["c"] and after["a"] == before["a"] and after["b"] == before["b"]
+
+
+def test_twenty_rapid_saves_cause_at_most_two_restarts(daemon: DaemonHarness) -> None:
+    """A burst of saves is debounced: a restarts once or twice and ends on the last content."""
+    before = settled(daemon)
+    mark = daemon.mark()
+    for i in range(20):
+        save(daemon, a={"method": "affine", "bits": (2, 3, 4, 6)[i % 4]}, how="replace" if i % 2 else "inplace")
+    final_sha = hashlib.sha256(daemon.config.read_bytes()).hexdigest()
+    daemon.wait_event("config_reloaded", after=mark, config_sha256=final_sha)
+    ready = daemon.wait_event("server_ready", after=mark, server="a")
+    after = settled(daemon)
+    assert daemon.server("a")["method"] == "affine"
+    starts = [r for r in daemon.records()[mark:] if r["event"] == "server_starting" and r["server"] == "a"]
+    assert 1 <= len(starts) <= 2
+    assert after["a"] != before["a"] and after["b"] == before["b"] and after["c"] == before["c"]
+    assert ready["ready"]["bits"] in (2, 3, 4, 6)
+
+
+def test_identical_content_and_sighup_are_noops(daemon: DaemonHarness) -> None:
+    """Rewriting the same bytes, SIGHUP and `veloxd reload` all take the same path: unchanged."""
+    before = settled(daemon)
+    mark = daemon.mark()
+    daemon.write(daemon.config.read_text())
+    daemon.signal(signal.SIGHUP)
+    daemon.wait_event("config_unchanged", after=mark, source="sighup")
+    result = daemon.cli("reload")
+    assert result.returncode == 0 and "unchanged" in result.stdout
+    assert settled(daemon) == before
+    assert not [r for r in daemon.records()[mark:] if r["event"] in ("config_reloaded", "server_stopping")]
+
+
+def test_cli_restart_status_and_logs(daemon: DaemonHarness) -> None:
+    """`restart NAME` gives that server a new pid; status and logs read the daemon's files."""
+    before = settled(daemon)
+    history = daemon.cli("logs", "--server", "b", "--log-file", str(daemon.log_file)).stdout.splitlines()
+    assert history and all(json.loads(line)["server"] == "b" for line in history)
+    follower = subprocess.Popen(
+        veloxd_cmd("logs", "--follow", "--server", "b", "--log-file", str(daemon.log_file)),
+        stdout=subprocess.PIPE, text=True, cwd=REPO,
+    )
+    followed: list[dict] = []
+    threading.Thread(target=lambda: followed.extend(json.loads(line) for line in follower.stdout), daemon=True).start()
+    wait_for(lambda: len(followed) >= len(history), 10, "the follower to print the history")
+    result = daemon.cli("restart", "b")
+    assert result.returncode == 0, result.stderr
+    wait_for(lambda: daemon.server("b").get("pid") not in (None, before["b"]), 30, "b restarted")
+    after = settled(daemon)
+    assert after["b"] != before["b"] and after["a"] == before["a"]
+    missing = daemon.cli("restart", "nope")
+    assert missing.returncode == 1 and "no server named 'nope'" in missing.stderr and "a, b, c" in missing.stderr
+    status = json.loads(daemon.cli("status", "--json").stdout)
+    assert status["daemon_alive"] and status["servers"]["b"]["pid"] == after["b"]
+    assert status["config_path"] == str(daemon.config) and status["config"]["servers"].keys() == set(NAMES)
+    table = daemon.cli("status").stdout
+    assert all(f"{name} " in table for name in NAMES) and "ready" in table
+    last_two = daemon.cli("logs", "-n", "2", "--server", "a", "--log-file", str(daemon.log_file)).stdout
+    assert [json.loads(line)["server"] for line in last_two.splitlines()] == ["a", "a"]
+    try:
+        wait_for(lambda: any(r["event"] == "server_ready" and r["pid"] == after["b"] for r in followed), 10,
+                 "`veloxd logs --follow` to show b's new server_ready")
+        assert all(r["server"] == "b" for r in followed)
+        assert followed[len(history)]["event"] == "server_restart_requested"
+    finally:
+        follower.terminate()
+        follower.wait(10)
+
+
+def test_removing_adding_and_swapping_ports_stops_before_starting(daemon: DaemonHarness) -> None:
+    """a and b swap ports and d takes removed c's port: only possible if stops finish first."""
+    before = settled(daemon)
+    servers = daemon.servers  # type: ignore[attr-defined]
+    port_a, port_b, port_c = servers["a"]["port"], servers["b"]["port"], servers["c"]["port"]
+    mark = daemon.mark()
+    servers["a"], servers["b"] = {**servers["a"], "port": port_b}, {**servers["b"], "port": port_a}
+    servers["d"] = entry(port_c)
+    del servers["c"]
+    daemon.write(servers)
+    reloaded = daemon.wait_event("config_reloaded", after=mark)
+    assert reloaded["plan"]["added"] == ["d"] and reloaded["plan"]["removed"] == ["c"]
+    after = daemon.wait_states({"a": "ready", "b": "ready", "d": "ready"})
+    assert "c" not in daemon.state()["servers"] and not pid_alive(before["c"])
+    assert (after["a"]["port"], after["b"]["port"], after["d"]["port"]) == (port_b, port_a, port_c)
+    assert not daemon.events("server_fatal")
+    stops = [i for i, r in enumerate(daemon.records()) if i >= mark and r["event"] == "server_stopped"]
+    starts = [i for i, r in enumerate(daemon.records()) if i >= mark and r["event"] == "server_starting"]
+    assert max(stops) < min(starts)
+
+
+def test_every_log_line_is_json_with_the_fixed_keys(daemon: DaemonHarness) -> None:
+    """timestamp/level/event/logger everywhere; server events also carry server and pid."""
+    lines = daemon.log_file.read_text().splitlines()
+    assert len(lines) > 50
+    for line in lines:
+        record = json.loads(line)
+        assert set(FIXED_KEYS) <= set(record), line
+        assert record["timestamp"].endswith("Z")
+        if record["event"].startswith("server_"):
+            assert "server" in record and "pid" in record, line
+    events = {json.loads(line)["event"] for line in lines}
+    assert {"daemon_started", "config_loaded", "config_reloaded", "config_reload_failed", "server_starting",
+            "server_ready", "server_output", "server_stopping", "server_exited", "server_stopped"} <= events
+
+
+def test_sigterm_stops_every_worker_and_exits_zero(daemon: DaemonHarness) -> None:
+    """SIGTERM: all servers stop in parallel, nothing is left running, exit code 0."""
+    settled(daemon)
+    spawned = daemon.spawned_pids()
+    assert daemon.stop() == 0
+    wait_gone(spawned, 2)
+    state = daemon.state()
+    assert state["daemon"]["running"] is False
+    assert {s["state"] for s in state["servers"].values()} == {"stopped"}
+    assert daemon.events("daemon_stopped")
+    assert daemon.cli("status").returncode == 1  # not running any more
+    assert not Path(state["daemon"]["control_socket"]).exists()

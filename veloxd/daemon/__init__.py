@@ -1,0 +1,1 @@
+"""The supervising daemon (`veloxd run`): one worker per config entry, reload on edit, JSON logs."""

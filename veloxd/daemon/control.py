@@ -1,0 +1,136 @@
+"""How `veloxd reload`, `restart NAME` and `status` reach the running daemon: a unix socket.
+
+The socket lives in the state directory (mode 0600, directory 0700: only the user can talk
+to the daemon). One JSON line in, one JSON line out. The accepting thread only enqueues a
+request and waits for the loop thread's answer; it never touches the daemon's state.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import queue
+import socket
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from veloxd.daemon import messages as m
+from veloxd.daemon.statefile import read_state
+
+SOCKET_NAME = "control.sock"
+MAX_UNIX_PATH = 100  # sun_path is 104 bytes on macOS, 108 on Linux
+REQUEST_TIMEOUT_S = 30.0
+
+
+class DaemonUnreachable(RuntimeError):
+    """No daemon answers on the control socket."""
+
+
+def socket_path(state_dir: Path) -> Path:
+    """`<state_dir>/control.sock`, or a short per-user path in the temp dir when that is too long."""
+    path = Path(state_dir).resolve() / SOCKET_NAME
+    if len(os.fsencode(path)) < MAX_UNIX_PATH:
+        return path
+    digest = hashlib.sha256(os.fsencode(path)).hexdigest()[:12]
+    return Path(tempfile.gettempdir()) / f"veloxd-{os.getuid()}-{digest}.sock"
+
+
+def _to_message(request: dict[str, Any], reply: m.Reply) -> m.Message | None:
+    command = request.get("command")
+    if command == "reload":
+        return m.ReloadRequested(source="control", reply=reply)
+    if command == "restart" and isinstance(request.get("name"), str):
+        return m.RestartRequested(name=request["name"], reply=reply)
+    if command == "status":
+        return m.StatusRequested(reply=reply)
+    return None
+
+
+class ControlServer:
+    """Accepts requests on the unix socket and hands them to the loop as messages."""
+
+    def __init__(self, path: Path, inbox: queue.SimpleQueue[Any]) -> None:
+        self.path = path
+        self._inbox = inbox
+        path.unlink(missing_ok=True)  # a stale socket of a dead daemon (the state-dir lock is ours)
+        self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old_umask = os.umask(0o177)  # the socket file is created 0600
+        try:
+            self._sock.bind(str(path))
+        finally:
+            os.umask(old_umask)
+        self._sock.listen(8)
+        self._thread = threading.Thread(target=self._accept, name="control", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+        self._sock.close()
+        self.path.unlink(missing_ok=True)
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return  # closed: the daemon is stopping
+            threading.Thread(target=self._serve, args=(conn,), name="control-conn", daemon=True).start()
+
+    def _serve(self, conn: socket.socket) -> None:
+        with conn:
+            conn.settimeout(5)
+            try:
+                request = json.loads(_read_line(conn))
+            except (OSError, ValueError):
+                return
+            reply = m.Reply()
+            message = _to_message(request, reply) if isinstance(request, dict) else None
+            if message is None:
+                answer: dict[str, Any] | None = {"ok": False, "error": f"unknown request: {request!r}"}
+            else:
+                self._inbox.put(message)
+                answer = reply.wait(REQUEST_TIMEOUT_S) or {"ok": False, "error": "the daemon did not answer in time"}
+            with contextlib.suppress(OSError):
+                conn.sendall(json.dumps(answer, default=str).encode() + b"\n")
+
+
+def _read_line(conn: socket.socket, limit: int = 65536) -> bytes:
+    data = b""
+    while not data.endswith(b"\n") and len(data) < limit:
+        chunk = conn.recv(4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def request(state_dir: Path, payload: dict[str, Any], timeout: float = REQUEST_TIMEOUT_S + 5) -> dict[str, Any]:
+    """Send one request to the daemon owning `state_dir` and return its answer.
+
+    Raises DaemonUnreachable when no daemon listens there.
+    """
+    state = read_state(state_dir) or {}
+    recorded = (state.get("daemon") or {}).get("control_socket")
+    path = Path(recorded) if recorded else socket_path(state_dir)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+        sock.settimeout(timeout)
+        try:
+            sock.connect(str(path))
+        except OSError as err:
+            raise DaemonUnreachable(f"no veloxd daemon is listening on {path} ({err.strerror or err})") from None
+        try:
+            sock.sendall(json.dumps(payload).encode() + b"\n")
+            line = _read_line(sock)
+        except OSError as err:
+            raise DaemonUnreachable(f"the daemon on {path} did not answer ({err})") from None
+    if not line:
+        raise DaemonUnreachable(f"the daemon closed {path} without answering")
+    return json.loads(line)
+

@@ -1,0 +1,268 @@
+"""`veloxd run`: the one thread that owns all state, and its loop.
+
+Everything arrives as a message on one queue: signals, file events, child output/exits,
+health probes, control requests. The loop handles one message, runs due timers (supervisor
+ticks, debounced reloads, the slow config poll), writes the state file if it changed, repeat.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from veloxd import __version__
+from veloxd.daemon import messages as m
+from veloxd.daemon.control import ControlServer, socket_path
+from veloxd.daemon.logs import get_logger
+from veloxd.daemon.models import ModelDirs
+from veloxd.daemon.orphans import end_orphans
+from veloxd.daemon.process import Lifeline, process_start_time
+from veloxd.daemon.reload import ConfigSource, Invalid, Unchanged, Valid
+from veloxd.daemon.server import wall_clock
+from veloxd.daemon.statefile import SCHEMA_VERSION, read_state, write_state
+from veloxd.daemon.supervisor import Supervisor, WorkerSpawner
+from veloxd.daemon.watch import Debounce, Watcher, stat_signature
+
+POLL_S = 2.0  # backstop stat poll of the config (missed FSEvents, vanished directories)
+DEBOUNCE_QUIET_S = 0.2
+DEBOUNCE_MAX_S = 2.0
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    config_path: Path
+    log_file: Path | None
+    state_dir: Path
+    worker_command: list[str] = field(default_factory=list)
+
+
+class Daemon:
+    """Supervises one worker per config entry and follows the config file."""
+
+    def __init__(self, options: RunOptions) -> None:
+        self.options = options
+        self.inbox: queue.SimpleQueue[Any] = queue.SimpleQueue()  # put() is safe in signal handlers
+        self.log = get_logger("veloxd.daemon")
+        self.source = ConfigSource(options.config_path)
+        self.config: Any = None
+        self.last_reload: dict[str, Any] | None = None
+        self._stopping = False
+        self._follow_up = False
+        self._waiting_replies: list[m.Reply] = []
+        self._config_debounce = Debounce(DEBOUNCE_QUIET_S, DEBOUNCE_MAX_S)
+        self.models = ModelDirs()
+        self._config_sig = stat_signature(options.config_path)
+        self._next_poll = 0.0
+        self._written: dict[str, Any] | None = None
+        self._start_time = process_start_time(os.getpid())
+        self._config_dict: tuple[Any, dict[str, Any] | None] = (None, None)
+
+    # ---- lifecycle ------------------------------------------------------------------------
+    def run(self) -> int:
+        options = self.options
+        end_orphans(read_state(options.state_dir), self.log)  # before any port is bound
+        self.lifeline = Lifeline()
+        spawner = WorkerSpawner(options.worker_command, self.lifeline, self.inbox, get_logger("veloxd.server"))
+        self.supervisor = Supervisor(spawner, get_logger("veloxd.server"))
+        self.control = ControlServer(socket_path(options.state_dir), self.inbox)
+        self.watcher = Watcher(options.config_path, self.inbox)
+        self._install_signals()
+        self.control.start()
+        self.watcher.start()
+        self.log.info(
+            "daemon_started", pid=os.getpid(), version=__version__, config_path=str(options.config_path),
+            log_file=str(options.log_file) if options.log_file else None, state_dir=str(options.state_dir),
+            control_socket=str(self.control.path), worker_command=options.worker_command,
+        )
+        self._reload(time.monotonic(), "startup")
+        try:
+            self._loop()
+        finally:
+            self.watcher.stop()
+            self.control.close()
+            self.lifeline.close()
+        self._write_state(running=False)
+        self.log.info("daemon_stopped", pid=os.getpid())
+        return 0
+
+    def _install_signals(self) -> None:
+        put = self.inbox.put
+        signal.signal(signal.SIGTERM, lambda signum, frame: put(m.Shutdown(signum)))
+        signal.signal(signal.SIGINT, lambda signum, frame: put(m.Shutdown(signum)))
+        signal.signal(signal.SIGHUP, lambda signum, frame: put(m.ReloadRequested("sighup")))
+
+    def _loop(self) -> None:
+        while not (self._stopping and self.supervisor.all_stopped()):
+            now = time.monotonic()
+            try:
+                message = self.inbox.get(timeout=max(0.0, self._next_wakeup(now) - now))
+            except queue.Empty:
+                message = None
+            now = time.monotonic()
+            if message is not None:
+                self._handle(message, now)
+            self._timers(now)
+            self._write_state(running=True)
+
+    def _next_wakeup(self, now: float) -> float:
+        deadlines = [self._next_poll, self.supervisor.next_deadline(), self._config_debounce.deadline(),
+                     self.models.deadline()]
+        return min((d for d in deadlines if d is not None), default=now + POLL_S)
+
+    # ---- messages -------------------------------------------------------------------------
+    def _handle(self, msg: Any, now: float) -> None:
+        if isinstance(msg, (m.ChildExited, m.ReadyLine, m.Healthy)):
+            self.supervisor.on_message(msg, now)
+        elif isinstance(msg, m.Shutdown):
+            self._shutdown(msg.signum, now)
+        elif isinstance(msg, m.StatusRequested):
+            msg.reply.send({"ok": True, "state": self._state()})
+        elif self._stopping:
+            if getattr(msg, "reply", None) is not None:
+                msg.reply.send({"ok": False, "error": "the daemon is stopping"})
+        elif isinstance(msg, m.ConfigTouched):
+            self._config_debounce.poke(now)
+        elif isinstance(msg, m.ModelTouched):
+            self.models.touched(msg.directory, now)
+        elif isinstance(msg, m.ReloadRequested):
+            self._request_reload(now, msg.source, msg.reply)
+        elif isinstance(msg, m.RestartRequested):
+            self._restart(msg, now)
+
+    def _shutdown(self, signum: int, now: float) -> None:
+        if self._stopping:  # a second signal: do not wait for the grace periods
+            for server in self.supervisor.servers.values():
+                server.kill_now()
+            return
+        self._stopping = True
+        self.log.info("daemon_stopping", pid=os.getpid(), signal=signal.Signals(signum).name)
+        self.supervisor.stop_all(now)
+        for reply in self._waiting_replies:
+            reply.send({"ok": False, "error": "the daemon is stopping"})
+        self._waiting_replies.clear()
+
+    def _restart(self, msg: m.RestartRequested, now: float) -> None:
+        if msg.name not in self.supervisor.servers:
+            known = ", ".join(sorted(self.supervisor.servers)) or "none"
+            if msg.reply:
+                msg.reply.send({"ok": False, "error": f"no server named {msg.name!r} (servers: {known})"})
+            return
+        self.log.info("server_restart_requested", server=msg.name, pid=self.supervisor.servers[msg.name].pid)
+        self.supervisor.restart([msg.name], "restart_requested", now)
+        if msg.reply:
+            msg.reply.send({"ok": True, "restarting": msg.name})
+
+    # ---- timers ---------------------------------------------------------------------------
+    def _timers(self, now: float) -> None:
+        self.supervisor.tick(now)
+        if self._stopping:
+            return
+        if now >= self._next_poll:
+            self._next_poll = now + POLL_S
+            self.watcher.ensure_config_watch()
+            signature = stat_signature(self.options.config_path)
+            if signature != self._config_sig:
+                self._config_sig = signature
+                self._config_debounce.poke(now)
+        if self._config_debounce.due(now):
+            self._config_debounce.clear()
+            self._request_reload(now, "watch", None)
+        if self._follow_up and not self.supervisor.busy:
+            self._follow_up = False
+            self._reload(now, "follow_up")
+        for directory, names in self.models.changed(now):
+            self.log.info("model_changed", directory=directory, servers=names)
+            self.supervisor.restart(names, "model_changed", now)
+
+    def _request_reload(self, now: float, source: str, reply: m.Reply | None) -> None:
+        """One reload at a time: while a plan is still being applied, coalesce into one follow-up."""
+        if self.supervisor.busy:
+            self._follow_up = True
+            if reply is not None:
+                self._waiting_replies.append(reply)
+            return
+        self._reload(now, source, reply)
+
+    # ---- reload ---------------------------------------------------------------------------
+    def _reload(self, now: float, source: str, reply: m.Reply | None = None) -> None:
+        replies = [*self._waiting_replies, *([reply] if reply else [])]
+        self._waiting_replies.clear()
+        self._config_sig = stat_signature(self.options.config_path)
+        outcome = self.source.read()
+        if isinstance(outcome, Unchanged):
+            self.log.info("config_unchanged", source=source, config_sha256=outcome.sha256,
+                          valid=outcome.rejected is None)
+            answer: dict[str, Any] = {"ok": outcome.rejected is None, "unchanged": True,
+                                      "config_sha256": outcome.sha256}
+            if outcome.rejected is not None:  # same bytes as a refused file: say why again
+                answer["errors"] = outcome.rejected.lines
+        elif isinstance(outcome, Invalid):
+            answer = self._rejected(outcome, source)
+        else:
+            answer = self._apply(outcome, source, now)
+        for waiting in replies:
+            waiting.send(answer)
+
+    def _rejected(self, outcome: Invalid, source: str) -> dict[str, Any]:
+        kept = self.config.sha256 if self.config is not None else None
+        self.log.error(
+            "config_reload_failed", source=source, config_path=str(self.source.path), config_sha256=outcome.sha256,
+            kept_config_sha256=kept, errors=outcome.errors, error_lines=outcome.lines,
+        )
+        self.last_reload = {"ok": False, "at": wall_clock(), "source": source, "config_sha256": outcome.sha256,
+                            "kept_config_sha256": kept, "errors": outcome.lines}
+        return {"ok": False, "errors": outcome.lines, "kept_config_sha256": kept}
+
+    def _apply(self, outcome: Valid, source: str, now: float) -> dict[str, Any]:
+        from veloxd.config.plan import diff
+
+        new = outcome.config
+        plan = diff(self.config, new)
+        first = self.config is None and source == "startup"
+        summary = plan.to_dict()
+        event = "config_loaded" if first else "config_reloaded"
+        self.log.info(event, source=source, config_path=str(self.source.path), config_sha256=new.sha256,
+                      servers=list(new.servers), plan=summary)
+        self.config = new
+        self.supervisor.apply(plan, new.servers, now)
+        self.watcher.set_model_dirs(self.models.update(new.servers))
+        self.last_reload = {"ok": True, "at": wall_clock(), "source": source, "config_sha256": new.sha256,
+                            "plan": summary}
+        return {"ok": True, "config_sha256": new.sha256, "plan": summary}
+
+    # ---- state file -----------------------------------------------------------------------
+    def _state(self, running: bool = True) -> dict[str, Any]:
+        options = self.options
+        return {
+            "schema_version": SCHEMA_VERSION,
+            "daemon": {
+                "running": running, "pid": os.getpid(), "start_time": self._start_time,
+                "version": __version__, "control_socket": str(self.control.path),
+                "log_file": str(options.log_file) if options.log_file else None,
+                "worker_command": options.worker_command, "stopping": self._stopping,
+            },
+            "config_path": str(options.config_path),
+            "config": self._config_as_dict(),
+            "config_sha256": self.config.sha256 if self.config is not None else None,
+            "degraded": self.config is None,
+            "last_reload": self.last_reload,
+            "servers": self.supervisor.snapshot(),
+        }
+
+    def _config_as_dict(self) -> dict[str, Any] | None:
+        from veloxd.config.model import config_to_dict
+
+        if self._config_dict[0] is not self.config:  # convert once per accepted config
+            self._config_dict = (self.config, config_to_dict(self.config) if self.config is not None else None)
+        return self._config_dict[1]
+
+    def _write_state(self, running: bool) -> None:
+        state = self._state(running)
+        if state != self._written:
+            write_state(self.options.state_dir, state)
+            self._written = state

@@ -1,0 +1,96 @@
+"""Messages to the daemon's state-owning thread. Everyone else (signal handlers, the watcher,
+child reader/waiter threads, the control socket) only puts one of these on its queue.
+"""
+
+from __future__ import annotations
+
+import queue
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ConfigTouched:
+    """Something happened to the config file (or its directory entry)."""
+
+
+@dataclass(frozen=True)
+class ModelTouched:
+    """A file in a watched local model directory changed."""
+
+    directory: str
+
+
+@dataclass(frozen=True)
+class ReloadRequested:
+    """SIGHUP or `veloxd reload`: re-read the config now (no debounce)."""
+
+    source: str
+    reply: Reply | None = None
+
+
+@dataclass(frozen=True)
+class RestartRequested:
+    """`veloxd restart NAME`: stop and start that server, clearing its failures."""
+
+    name: str
+    reply: Reply | None = None
+
+
+@dataclass(frozen=True)
+class StatusRequested:
+    reply: Reply
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    signum: int
+
+
+@dataclass(frozen=True)
+class ChildExited:
+    server: str
+    spawn_id: int
+    returncode: int
+
+
+@dataclass(frozen=True)
+class ReadyLine:
+    server: str
+    spawn_id: int
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Healthy:
+    server: str
+    spawn_id: int
+
+
+@dataclass(eq=False)
+class Reply:
+    """A one-shot answer slot: the loop fills it, the control thread waits on it."""
+
+    _box: queue.SimpleQueue[dict[str, Any]] = field(default_factory=queue.SimpleQueue)
+
+    def send(self, answer: dict[str, Any]) -> None:
+        self._box.put(answer)
+
+    def wait(self, timeout: float) -> dict[str, Any] | None:
+        try:
+            return self._box.get(timeout=timeout)
+        except queue.Empty:
+            return None
+
+
+Message = (
+    ConfigTouched
+    | ModelTouched
+    | ReloadRequested
+    | RestartRequested
+    | StatusRequested
+    | Shutdown
+    | ChildExited
+    | ReadyLine
+    | Healthy
+)

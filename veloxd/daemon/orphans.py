@@ -1,0 +1,62 @@
+"""End workers a previous daemon left behind, before this one binds their ports.
+
+A worker counts as ours only if its pid is alive AND started at the recorded start time
+(pids are reused; a bare pid could name somebody else's process).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import time
+from typing import Any
+
+from veloxd.daemon.process import is_same_process
+
+MAX_GRACE_S = 10.0
+
+
+def leftover_workers(previous_state: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Workers recorded in the previous state file that are still the same processes."""
+    found = []
+    for name, record in ((previous_state or {}).get("servers") or {}).items():
+        if not isinstance(record, dict):
+            continue
+        pid, start_time = record.get("pid"), record.get("start_time")
+        if isinstance(pid, int) and pid > 1 and pid != os.getpid() and is_same_process(pid, start_time):
+            found.append({**record, "server": name})
+    return found
+
+
+def end_orphans(previous_state: dict[str, Any] | None, log: Any) -> list[int]:
+    """SIGTERM each leftover worker's group, SIGKILL whoever outlives its grace; return their pids."""
+    orphans = leftover_workers(previous_state)
+    for orphan in orphans:
+        log.warning("orphan_found", server=orphan["server"], pid=orphan["pid"], port=orphan.get("port"))
+        _signal(orphan, signal.SIGTERM)
+    if not orphans:
+        return []
+    grace = min(max(float(o.get("stop_timeout_s") or 0) for o in orphans), MAX_GRACE_S)
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and any(is_same_process(o["pid"], o["start_time"]) for o in orphans):
+        time.sleep(0.05)  # not our children: nothing to wait on but polling
+    for orphan in orphans:
+        killed = is_same_process(orphan["pid"], orphan["start_time"])
+        if killed:
+            _signal(orphan, signal.SIGKILL)
+        log.warning("orphan_stopped", server=orphan["server"], pid=orphan["pid"], killed=killed)
+    # A SIGKILLed process lingers for a moment; its port is only free once it is gone.
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and any(is_same_process(o["pid"], o["start_time"]) for o in orphans):
+        time.sleep(0.05)
+    return [o["pid"] for o in orphans]
+
+
+def _signal(orphan: dict[str, Any], signum: int) -> None:
+    pgid = orphan.get("pgid") or orphan["pid"]
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.kill(orphan["pid"], signum)

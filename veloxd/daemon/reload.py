@@ -1,0 +1,80 @@
+"""Reading the config for a reload: same bytes as last time -> nothing to do; invalid -> errors.
+
+The whole new file is validated before anything is applied; the caller keeps the last good
+config when this returns `Invalid`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from veloxd.config import ConfigError, load_config
+
+
+@dataclass(frozen=True)
+class Invalid:
+    sha256: str | None
+    errors: list[dict[str, Any]]  # file, line, column, path, message
+    lines: list[str]  # the same, as FILE:LINE:COL: message (at $.path)
+
+
+@dataclass(frozen=True)
+class Unchanged:
+    sha256: str | None
+    rejected: Invalid | None = None  # these bytes were already refused, for these reasons
+
+
+@dataclass(frozen=True)
+class Valid:
+    config: Any  # veloxd.config.Config
+
+
+Outcome = Unchanged | Invalid | Valid
+
+
+def file_sha256(path: Path) -> str | None:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+class ConfigSource:
+    """The config file, and the hash of the bytes we last acted on (valid or not)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+        self.seen_sha256: str | None = None
+        self._seen_once = False
+        self._rejected: Invalid | None = None
+
+    def read(self) -> Outcome:
+        """Load the file unless its bytes are those we already acted on."""
+        sha = file_sha256(self.path)
+        if self._seen_once and sha == self.seen_sha256:
+            return Unchanged(sha, self._rejected)
+        self._seen_once = True
+        self.seen_sha256 = sha
+        outcome = self._load(sha)
+        self._rejected = outcome if isinstance(outcome, Invalid) else None
+        return outcome
+
+    def _load(self, sha: str | None) -> Invalid | Valid:
+        if sha is None and not self.path.exists():
+            message = "config file not found"
+            return Invalid(None, [_issue(self.path, message)], [f"{self.path}: {message}"])
+        try:
+            return Valid(load_config(self.path))
+        except ConfigError as err:
+            issues = err.issues or []
+            return Invalid(sha, [i.to_dict() for i in issues], [str(i) for i in issues] or [str(err)])
+        except OSError as err:
+            message = f"cannot read the config: {err.strerror or err}"
+            return Invalid(sha, [_issue(self.path, message)], [f"{self.path}: {message}"])
+
+
+def _issue(path: Path, message: str) -> dict[str, Any]:
+    return {"file": str(path), "line": None, "column": None, "path": "$", "message": message}

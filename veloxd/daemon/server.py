@@ -1,0 +1,250 @@
+"""One server entry's lifecycle: start, readiness, failure and backoff, stop.
+
+`ServerProcess._become` is the only place a state changes; it checks the transition table
+and logs the event named after the new state (`server_starting`, `server_ready`, ...).
+Only the daemon's loop thread calls into this class; `now` is always monotonic and passed in.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from datetime import UTC, datetime
+from typing import Any, Protocol
+
+from veloxd.daemon.probe import port_holder, port_in_use
+from veloxd.daemon.process import Child, describe_exit
+from veloxd.daemon.state import (
+    GiveUp,
+    RestartPolicy,
+    ServerState,
+    after_failure,
+    transition,
+)
+
+S = ServerState
+EVENT_FOR_STATE = {
+    S.STARTING: "server_starting",
+    S.READY: "server_ready",
+    S.BACKOFF: "server_backoff",
+    S.FATAL: "server_fatal",
+    S.STOPPING: "server_stopping",
+    S.STOPPED: "server_stopped",
+}
+UNFIXABLE_EXIT = 2  # the worker's "invalid input or port in use": retrying cannot help
+
+
+class Spawner(Protocol):
+    """Starts workers and health probes whose reports reach the loop as messages."""
+
+    def spawn(self, name: str, spawn_id: int, entry: Any) -> Child: ...
+
+    def probe_health(self, name: str, spawn_id: int, host: str, port: int, deadline: float) -> threading.Event: ...
+
+
+def wall_clock() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
+
+
+def policy_of(entry: Any) -> RestartPolicy:
+    r = entry.restart
+    return RestartPolicy(r.max_failures, r.window_s, r.backoff_initial_s, r.backoff_max_s)
+
+
+class ServerProcess:
+    """The supervised process of one entry (the entry object may be replaced on live updates)."""
+
+    def __init__(self, entry: Any, spawner: Spawner, log: Any) -> None:
+        self.entry = entry
+        self.state = S.STOPPED
+        self.since = wall_clock()
+        self.child: Child | None = None
+        self.spawn_id = 0
+        self.starts = 0
+        self.failures: list[float] = []
+        self.last_exit: dict[str, Any] | None = None
+        self.ready_payload: dict[str, Any] | None = None
+        self.fatal_reason: str | None = None
+        self._spawner = spawner
+        self._log = log.bind(server=entry.name)
+        self._spawned_at = 0.0
+        self._ready_deadline = 0.0
+        self._retry_at = 0.0
+        self._kill_at = 0.0
+        self._killed = False
+        self._timed_out = False
+        self._awaiting_exit = False  # a worker was spawned and its exit not yet reported
+        self._probe_cancel: threading.Event | None = None
+
+    @property
+    def name(self) -> str:
+        return self.entry.name
+
+    @property
+    def pid(self) -> int | None:
+        return self.child.pid if self.child is not None and self.child.returncode is None else None
+
+    def _become(self, new: ServerState, **event: Any) -> None:
+        """The one place state changes: check the edge, record the time, log the event."""
+        old = self.state
+        self.state = transition(old, new)
+        self.since = wall_clock()
+        level = "error" if new is S.FATAL else "warning" if new is S.BACKOFF else "info"
+        pid = self.child.pid if self.child is not None else None  # the worker concerned, even if gone
+        getattr(self._log, level)(EVENT_FOR_STATE[new], pid=pid, from_state=old.value, state=new.value, **event)
+
+    # ---- commands from the supervisor -------------------------------------------------
+    def start(self, now: float) -> None:
+        """STOPPED/BACKOFF -> STARTING: check the port, spawn the worker (or go FATAL at once)."""
+        entry = self.entry
+        self.child = None
+        self.ready_payload = None
+        self._timed_out = self._killed = False
+        where = {"host": entry.host, "port": entry.port, "method": entry.method, "model": entry.model}
+        problem = None
+        if port_in_use(entry.host, entry.port):
+            holder = port_holder(entry.port)
+            problem = f"port {entry.port} on {entry.host} is already in use" + (f" by {holder}" if holder else "")
+        else:
+            self.spawn_id += 1
+            self.starts += 1
+            try:
+                self.child = self._spawner.spawn(self.name, self.spawn_id, entry)
+            except OSError as err:
+                problem = f"cannot start the worker: {err}"
+        if self.child is None:
+            self._become(S.STARTING, **where)
+            self._give_up(problem or "not started", **where)
+            return
+        self._awaiting_exit = True
+        self._spawned_at = now
+        self._ready_deadline = now + entry.ready_timeout_s
+        self._become(S.STARTING, argv=self.child.argv, ready_timeout_s=entry.ready_timeout_s, **where)
+
+    def stop(self, now: float) -> None:
+        """Any state -> STOPPING: SIGTERM to the worker's group; STOPPED at once without one."""
+        if self.state in (S.STOPPING, S.STOPPED):
+            return
+        self._cancel_probe()
+        self._become(S.STOPPING, stop_timeout_s=self.entry.stop_timeout_s)
+        if self.child is not None and self._awaiting_exit:
+            self.child.signal_group(signal.SIGTERM)  # STOPPED when the exit is reported
+            self._kill_at = now + self.entry.stop_timeout_s
+            return
+        self._become(S.STOPPED, exit=self.last_exit)
+
+    def kill_now(self) -> None:
+        """Second shutdown signal: SIGKILL without waiting for the grace period."""
+        if self.state is S.STOPPING and self.child is not None and self.child.signal_group(signal.SIGKILL):
+            self._killed = True
+
+    def clear_failures(self) -> None:
+        self.failures.clear()
+        self.fatal_reason = None
+
+    # ---- reports from the worker (via the loop) ---------------------------------------
+    def on_ready_line(self, spawn_id: int, payload: dict[str, Any]) -> None:
+        if spawn_id != self.spawn_id or self.state is not S.STARTING:
+            return
+        self.ready_payload = payload
+        entry = self.entry
+        self._probe_cancel = self._spawner.probe_health(
+            self.name, spawn_id, entry.host, entry.port, self._ready_deadline
+        )
+
+    def on_healthy(self, spawn_id: int, now: float) -> None:
+        if spawn_id != self.spawn_id or self.state is not S.STARTING:
+            return
+        self._probe_cancel = None
+        self._become(S.READY, startup_s=round(now - self._spawned_at, 3), ready=self.ready_payload)
+
+    def on_exit(self, spawn_id: int, returncode: int, now: float) -> None:
+        if spawn_id != self.spawn_id or self.child is None or not self._awaiting_exit:
+            return
+        self._awaiting_exit = False
+        self._cancel_probe()
+        tail = self.child.last_lines()
+        self.last_exit = {**describe_exit(returncode), "at": wall_clock(), "pid": self.child.pid}
+        expected = self.state is S.STOPPING
+        level = "info" if expected else "warning"
+        getattr(self._log, level)(
+            "server_exited", pid=self.child.pid, expected=expected, **describe_exit(returncode), last_lines=tail
+        )
+        if expected:
+            self._become(S.STOPPED, exit=self.last_exit, killed=self._killed)
+            return
+        if self.state not in (S.STARTING, S.READY):
+            return
+        reason = "ready_timeout" if self._timed_out else "exited"
+        unfixable = None
+        if returncode == UNFIXABLE_EXIT:
+            unfixable = "worker exited with code 2 (invalid input or port in use; see last_lines)"
+        self._fail(now, reason, unfixable, last_lines=tail)
+
+    # ---- timers -----------------------------------------------------------------------
+    def tick(self, now: float) -> None:
+        if self.state is S.STARTING and self.child is not None and not self._timed_out and now >= self._ready_deadline:
+            self._timed_out = True  # the exit that follows becomes the failure
+            self._cancel_probe()
+            self._log.warning(
+                "server_ready_timeout", pid=self.child.pid, ready_timeout_s=self.entry.ready_timeout_s
+            )
+            self.child.signal_group(signal.SIGKILL)
+        elif self.state is S.BACKOFF and now >= self._retry_at:
+            self.start(now)
+        elif self.state is S.STOPPING and not self._killed and now >= self._kill_at:
+            self._killed = True
+            if self.child is not None and self.child.signal_group(signal.SIGKILL):
+                self._log.warning("server_killed", pid=self.child.pid, stop_timeout_s=self.entry.stop_timeout_s)
+
+    def next_deadline(self) -> float | None:
+        if self.state is S.STARTING and self.child is not None and not self._timed_out:
+            return self._ready_deadline
+        if self.state is S.BACKOFF:
+            return self._retry_at
+        if self.state is S.STOPPING and not self._killed:
+            return self._kill_at
+        return None
+
+    # ---- helpers ----------------------------------------------------------------------
+    def _fail(self, now: float, reason: str, unfixable: str | None, **event: Any) -> None:
+        decision = after_failure(self.failures, now, policy_of(self.entry), unfixable)
+        self.failures = [*self.failures, now][-64:]
+        if isinstance(decision, GiveUp):
+            self._give_up(decision.reason, failures=decision.failures, failure=reason, **event)
+            return
+        self._retry_at = now + decision.delay_s
+        self._become(
+            S.BACKOFF, reason=reason, delay_s=decision.delay_s, failures=decision.failures, **event
+        )
+
+    def _give_up(self, reason: str, **event: Any) -> None:
+        self.fatal_reason = reason
+        self._become(S.FATAL, reason=reason, **event)
+
+    def _cancel_probe(self) -> None:
+        if self._probe_cancel is not None:
+            self._probe_cancel.set()
+            self._probe_cancel = None
+
+    def snapshot(self) -> dict[str, Any]:
+        """This server's facts for the state file."""
+        entry = self.entry
+        child = self.child
+        alive = child is not None and child.returncode is None
+        return {
+            "state": self.state.value,
+            "pid": child.pid if alive else None,
+            "pgid": child.pgid if alive else None,
+            "start_time": child.start_time if alive else None,
+            "host": entry.host,
+            "port": entry.port,
+            "method": entry.method,
+            "model": entry.model,
+            "since": self.since,
+            "restarts": max(self.starts - 1, 0),
+            "failures": len(self.failures),
+            "last_exit": self.last_exit,
+            "fatal_reason": self.fatal_reason,
+            "stop_timeout_s": entry.stop_timeout_s,
+        }

@@ -1,0 +1,105 @@
+"""Server states, the one table of legal transitions, and the pure restart decisions.
+
+Imports nothing but the stdlib, so every daemon module (and `veloxd status`) can use it.
+FATAL is entered straight from the state that failed (STARTING or READY) once the failure
+limit is reached, rather than after one last pointless backoff wait.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+
+class ServerState(enum.Enum):
+    """Lifecycle of one server entry; the values are what logs and the state file show."""
+
+    STOPPED = "stopped"
+    STARTING = "starting"
+    READY = "ready"
+    BACKOFF = "backoff"
+    FATAL = "fatal"
+    STOPPING = "stopping"
+
+
+S = ServerState
+TRANSITIONS: Final[Mapping[ServerState, frozenset[ServerState]]] = {
+    S.STOPPED: frozenset({S.STARTING}),
+    # STARTING -> READY needs the READY line and /health 200; FATAL = unfixable (exit 2, port held).
+    S.STARTING: frozenset({S.READY, S.BACKOFF, S.FATAL, S.STOPPING}),
+    S.READY: frozenset({S.BACKOFF, S.FATAL, S.STOPPING}),  # unexpected exit
+    S.BACKOFF: frozenset({S.STARTING, S.STOPPING}),  # delay over, or stopped meanwhile
+    S.FATAL: frozenset({S.STOPPING}),  # only a config change or `veloxd restart NAME` leaves it
+    S.STOPPING: frozenset({S.STOPPED}),  # SIGTERM to the group, SIGKILL after stop_timeout_s
+}
+
+
+class IllegalTransition(RuntimeError):
+    """An edge missing from TRANSITIONS was requested: a bug in the daemon, not a user error."""
+
+
+def transition(current: ServerState, new: ServerState) -> ServerState:
+    """Return `new` if `current -> new` is in the table, else raise IllegalTransition."""
+    if new not in TRANSITIONS[current]:
+        raise IllegalTransition(f"{current.value} -> {new.value} is not a legal transition")
+    return new
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    """How a crashing server is retried (the daemon's copy of the config's restart policy)."""
+
+    max_failures: int = 5
+    window_s: float = 300.0
+    backoff_initial_s: float = 1.0
+    backoff_max_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class Retry:
+    """Go to BACKOFF and start again after `delay_s`."""
+
+    delay_s: float
+    failures: int  # failures inside the window, this one included
+
+
+@dataclass(frozen=True)
+class GiveUp:
+    """Go to FATAL: retrying cannot help (or the limit is reached)."""
+
+    reason: str
+    failures: int
+
+
+def backoff_delay(failures: int, initial_s: float, max_s: float) -> float:
+    """Delay before retry number `failures` (1-based): initial, doubling, capped at max."""
+    if failures < 1:
+        raise ValueError(f"failures must be >= 1, got {failures}")
+    return min(max_s, initial_s * 2.0 ** (failures - 1))
+
+
+def failures_in_window(failure_times: Iterable[float], now: float, window_s: float) -> list[float]:
+    """The failure times (monotonic seconds) that lie within the last `window_s` before `now`."""
+    return [t for t in failure_times if now - t <= window_s]
+
+
+def after_failure(
+    failure_times: Iterable[float], now: float, policy: RestartPolicy, unfixable: str | None = None
+) -> Retry | GiveUp:
+    """Decide what a failure at `now` leads to, given the earlier failure times.
+
+    `unfixable` names a failure that retrying cannot cure (exit code 2: invalid input or a
+    port held by someone else): FATAL at once.
+    """
+    recent = failures_in_window(failure_times, now, policy.window_s)
+    count = len(recent) + 1
+    if unfixable is not None:
+        return GiveUp(reason=unfixable, failures=count)
+    if count >= policy.max_failures:
+        return GiveUp(reason=f"{count} failures within {policy.window_s:g}s", failures=count)
+    return Retry(
+        delay_s=backoff_delay(count, policy.backoff_initial_s, policy.backoff_max_s),
+        failures=count,
+    )

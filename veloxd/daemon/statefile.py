@@ -1,0 +1,83 @@
+"""The daemon's state file `<state_dir>/state.json` (atomic writes) and its single-instance lock.
+
+Readers (`veloxd status`, `veloxd plan`, the next daemon's orphan check) never see a half
+written file: it is written to a temporary file in the same directory and renamed over.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import IO, Any
+
+STATE_FILE = "state.json"
+LOCK_FILE = "daemon.lock"
+SCHEMA_VERSION = 1
+
+
+def state_path(state_dir: Path) -> Path:
+    return Path(state_dir) / STATE_FILE
+
+
+def ensure_state_dir(state_dir: Path) -> Path:
+    """Create the state directory, private to the user (it holds the control socket)."""
+    state_dir = Path(state_dir)
+    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    return state_dir
+
+
+def write_state(state_dir: Path, data: dict[str, Any]) -> None:
+    """Write `data` as JSON to `<state_dir>/state.json` atomically (tmp file + os.replace)."""
+    target = state_path(state_dir)
+    fd, tmp = tempfile.mkstemp(prefix=".state.", suffix=".tmp", dir=target.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            json.dump(data, out, indent=2, sort_keys=False, default=str)
+            out.write("\n")
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_state(state_dir: Path) -> dict[str, Any] | None:
+    """The last state the daemon wrote, or None when there is none (or it is unreadable)."""
+    try:
+        text = state_path(state_dir).read_text(encoding="utf-8")
+    except (FileNotFoundError, NotADirectoryError, PermissionError):
+        return None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+class AlreadyRunning(RuntimeError):
+    """Another daemon holds the lock on this state directory."""
+
+
+def acquire_lock(state_dir: Path) -> IO[str]:
+    """Take the state directory's exclusive lock for this process's lifetime.
+
+    Returns the open lock file (keep it referenced). Raises AlreadyRunning naming the holder.
+    """
+    path = Path(state_dir) / LOCK_FILE
+    handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open for the daemon's life
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "unknown pid"
+        handle.close()
+        raise AlreadyRunning(
+            f"another veloxd daemon (pid {holder}) is running with state dir {state_dir}"
+        ) from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(str(os.getpid()))
+    handle.flush()
+    return handle

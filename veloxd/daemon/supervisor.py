@@ -1,0 +1,179 @@
+"""The set of supervised servers, and applying a reload plan to it in the right order.
+
+A plan is applied as a rollout: stop removed and changed servers first and wait until they
+have exited (ports and unified memory are free again), then start changed and added ones.
+Unchanged servers are not touched; live-only updates replace the entry without a restart.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import threading
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from veloxd.daemon import messages as m
+from veloxd.daemon.probe import wait_healthy
+from veloxd.daemon.process import Child, Lifeline, worker_env
+from veloxd.daemon.server import ServerProcess
+from veloxd.daemon.state import ServerState
+
+READY_PREFIX = "VELOXD_READY "
+
+
+class WorkerSpawner:
+    """Spawns `<worker command> <entry flags> --lifeline-fd N`; reports go to the loop's queue."""
+
+    def __init__(self, command: Sequence[str], lifeline: Lifeline, inbox: queue.SimpleQueue[Any], log: Any):
+        self.command = list(command)
+        self._lifeline = lifeline
+        self._inbox = inbox
+        self._log = log
+
+    def argv(self, entry: Any) -> list[str]:
+        return [*self.command, *entry.serve_argv(), "--lifeline-fd", str(self._lifeline.read_fd)]
+
+    def spawn(self, name: str, spawn_id: int, entry: Any) -> Child:
+        inbox, log = self._inbox, self._log.bind(server=name)
+
+        def on_line(pid: int, stream: str, line: str) -> None:
+            log.info("server_output", pid=pid, stream=stream, line=line)
+            if stream == "stdout" and line.startswith(READY_PREFIX):
+                try:
+                    payload = json.loads(line[len(READY_PREFIX) :])
+                except json.JSONDecodeError:
+                    payload = {"raw": line[len(READY_PREFIX) :]}
+                inbox.put(m.ReadyLine(name, spawn_id, payload if isinstance(payload, dict) else {"raw": payload}))
+
+        def on_exit(returncode: int) -> None:
+            inbox.put(m.ChildExited(name, spawn_id, returncode))
+
+        return Child(self.argv(entry), worker_env(entry.env), self._lifeline, on_line, on_exit)
+
+    def probe_health(self, name: str, spawn_id: int, host: str, port: int, deadline: float) -> threading.Event:
+        cancel = threading.Event()
+
+        def run() -> None:
+            if wait_healthy(host, port, deadline, cancel):
+                self._inbox.put(m.Healthy(name, spawn_id))
+
+        threading.Thread(target=run, name=f"health-{name}", daemon=True).start()
+        return cancel
+
+
+@dataclass
+class Rollout:
+    """Stop these servers, wait until all are STOPPED, drop `remove`, then start `start`."""
+
+    stop: set[str]
+    start: dict[str, Any]  # name -> entry to start with (None: its current entry, if it still exists)
+    remove: set[str] = field(default_factory=set)
+    reason: str = "reload"
+    stopping: bool = False  # stops issued (only the rollout at the head of the queue acts)
+
+
+class Supervisor:
+    """Owns one ServerProcess per entry name. Called only from the daemon's loop thread."""
+
+    def __init__(self, spawner: WorkerSpawner, log: Any) -> None:
+        self.servers: dict[str, ServerProcess] = {}
+        self.rollouts: list[Rollout] = []
+        self._spawner = spawner
+        self._log = log
+
+    # ---- plans --------------------------------------------------------------------------
+    def apply(self, plan: Any, desired: Mapping[str, Any], now: float) -> None:
+        """Apply a config plan: stop removed+changed, update live-only, then start changed+added.
+
+        A FATAL server whose entry changed at all (even a live-only key such as a longer
+        ready_timeout_s) is started again: the user has acted on it.
+        """
+        revived = [n for n in plan.updated if n in self.servers and self.servers[n].state is ServerState.FATAL]
+        for name in plan.updated:
+            if name in self.servers:
+                self.servers[name].entry = desired[name]
+        to_start = {name: desired[name] for name in [*plan.changed, *revived, *plan.added]}
+        stop = {*plan.removed, *plan.changed, *revived}
+        self.begin(Rollout(stop=stop, start=to_start, remove=set(plan.removed)), now)
+
+    def restart(self, names: Iterable[str], reason: str, now: float) -> None:
+        """Stop and start these servers again (clearing their failure history)."""
+        names = [n for n in names if n in self.servers]
+        start = dict.fromkeys(names)
+        self.begin(Rollout(stop=set(names), start=start, reason=reason), now)
+
+    def begin(self, rollout: Rollout, now: float) -> None:
+        """Queue a rollout; rollouts run one after another so none undoes another's stop."""
+        self.rollouts.append(rollout)
+        self._advance(now)
+
+    def stop_all(self, now: float) -> None:
+        """Shutdown: every server to STOPPING at once (they stop in parallel); no more starts."""
+        self.rollouts.clear()
+        for server in self.servers.values():
+            server.stop(now)
+
+    @property
+    def busy(self) -> bool:
+        """A rollout is still waiting for servers to stop."""
+        return bool(self.rollouts)
+
+    def all_stopped(self) -> bool:
+        return all(s.state is ServerState.STOPPED for s in self.servers.values())
+
+    # ---- the loop's calls ----------------------------------------------------------------
+    def on_message(self, msg: m.ChildExited | m.ReadyLine | m.Healthy, now: float) -> None:
+        server = self.servers.get(msg.server)
+        if server is None:
+            return
+        if isinstance(msg, m.ChildExited):
+            server.on_exit(msg.spawn_id, msg.returncode, now)
+        elif isinstance(msg, m.ReadyLine):
+            server.on_ready_line(msg.spawn_id, msg.payload)
+        else:
+            server.on_healthy(msg.spawn_id, now)
+        self._advance(now)
+
+    def tick(self, now: float) -> None:
+        for server in list(self.servers.values()):
+            server.tick(now)
+        self._advance(now)
+
+    def next_deadline(self) -> float | None:
+        deadlines = [d for s in self.servers.values() if (d := s.next_deadline()) is not None]
+        return min(deadlines, default=None)
+
+    def _advance(self, now: float) -> None:
+        """Run the head rollout: issue its stops, and once all have stopped, its starts."""
+        while self.rollouts:
+            rollout = self.rollouts[0]
+            if not rollout.stopping:
+                rollout.stopping = True
+                for name in rollout.stop:
+                    if name in self.servers:
+                        self.servers[name].stop(now)
+            if any(
+                self.servers[name].state is not ServerState.STOPPED
+                for name in rollout.stop
+                if name in self.servers
+            ):
+                return
+            self.rollouts.pop(0)
+            for name in rollout.remove:
+                self.servers.pop(name, None)
+            for name, entry in rollout.start.items():
+                server = self.servers.get(name)
+                if server is None:
+                    if entry is None:
+                        continue  # restarted, but removed by an earlier rollout
+                    server = self.servers[name] = ServerProcess(entry, self._spawner, self._log)
+                if server.state is not ServerState.STOPPED:
+                    continue
+                server.entry = entry or server.entry
+                server.clear_failures()
+                server.start(now)
+
+    def snapshot(self) -> dict[str, Any]:
+        return {name: server.snapshot() for name, server in sorted(self.servers.items())}

@@ -1,0 +1,148 @@
+"""What `veloxd status` and `veloxd logs` show: the state file as a table, the JSON log filtered.
+
+Read-only: these run in the CLI process, never in the daemon.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, TextIO
+
+from veloxd.daemon.process import is_same_process
+
+COLUMNS = ("NAME", "STATE", "PID", "PORT", "METHOD", "SINCE", "RESTARTS", "LAST EXIT")
+
+
+def daemon_alive(state: dict[str, Any]) -> bool:
+    daemon = state.get("daemon") or {}
+    pid = daemon.get("pid")
+    return bool(daemon.get("running")) and isinstance(pid, int) and is_same_process(pid, daemon.get("start_time"))
+
+
+def _exit_text(last_exit: dict[str, Any] | None) -> str:
+    if not last_exit:
+        return "-"
+    if last_exit.get("signal"):
+        return str(last_exit["signal"])
+    return f"code {last_exit.get('code')}"
+
+
+def status_rows(state: dict[str, Any]) -> list[tuple[str, ...]]:
+    rows = []
+    for name, server in (state.get("servers") or {}).items():
+        rows.append((
+            name,
+            server.get("state", "?") + (" (daemon down)" if not daemon_alive(state) and server.get("pid") else ""),
+            str(server.get("pid") or "-"),
+            str(server.get("port", "-")),
+            str(server.get("method", "-")),
+            str(server.get("since", "-")),
+            str(server.get("restarts", 0)),
+            _exit_text(server.get("last_exit")),
+        ))
+    return rows
+
+
+def render_status(state: dict[str, Any]) -> str:
+    """The human view: daemon line, config and last reload, then one row per server."""
+    daemon = state.get("daemon") or {}
+    alive = daemon_alive(state)
+    lines = [f"daemon: {'running, pid ' + str(daemon.get('pid')) if alive else 'not running'}"]
+    sha = state.get("config_sha256")
+    config = state.get("config_path", "?")
+    lines.append(f"config: {config}" + (f" (sha256 {sha[:12]})" if sha else " (no valid config: degraded)"))
+    reload = state.get("last_reload")
+    if reload:
+        verdict = "ok" if reload.get("ok") else "FAILED, kept the last good config"
+        lines.append(f"last reload: {verdict} at {reload.get('at')} ({reload.get('source')})")
+        lines += [f"  {error}" for error in reload.get("errors") or []]
+    rows = status_rows(state)
+    if not rows:
+        lines.append("no servers")
+        return "\n".join(lines)
+    widths = [max(len(row[i]) for row in [COLUMNS, *rows]) for i in range(len(COLUMNS))]
+    lines.append("")
+    for row in [COLUMNS, *rows]:
+        lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip())
+    for name, server in (state.get("servers") or {}).items():
+        if server.get("fatal_reason") and server.get("state") == "fatal":
+            lines.append(f"{name}: {server['fatal_reason']}")
+    return "\n".join(lines)
+
+
+# ---- logs ------------------------------------------------------------------------------
+def log_files(log_file: Path) -> list[Path]:
+    """The rotated backups, oldest first, then the live file."""
+    backups = sorted(
+        (p for p in log_file.parent.glob(log_file.name + ".*") if p.suffix[1:].isdigit()),
+        key=lambda p: -int(p.suffix[1:]),
+    )
+    return [*backups, log_file]
+
+
+def matches(line: str, server: str | None) -> bool:
+    if server is None:
+        return True
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError:
+        return False
+    return isinstance(record, dict) and record.get("server") == server
+
+
+def read_lines(log_file: Path, server: str | None) -> Iterator[str]:
+    for path in log_files(log_file):
+        try:
+            with open(path, encoding="utf-8", errors="replace") as handle:
+                for line in handle:
+                    if matches(line, server):
+                        yield line.rstrip("\n")
+        except FileNotFoundError:
+            continue
+
+
+def follow(log_file: Path, server: str | None, out: TextIO, interval: float = 0.2) -> None:
+    """Print matching lines appended from now on; reopen the file when it is rotated."""
+    handle = None
+    inode = None
+    at_end = True  # the first file is followed from its end (earlier lines were printed already)
+    partial = b""
+    while True:
+        if handle is None:
+            try:
+                handle = open(log_file, "rb")  # noqa: SIM115 - kept open across iterations
+            except FileNotFoundError:
+                time.sleep(interval)
+                continue
+            inode = os.fstat(handle.fileno()).st_ino
+            if at_end:
+                handle.seek(0, os.SEEK_END)
+            at_end = False  # a rotated-in file is read from its start
+        chunk = handle.readline()
+        if chunk:
+            partial += chunk
+            if partial.endswith(b"\n"):
+                line = partial.decode("utf-8", "replace")
+                partial = b""
+                if matches(line, server):
+                    out.write(line)
+                    out.flush()
+            continue
+        try:
+            rotated = os.stat(log_file).st_ino != inode
+        except FileNotFoundError:
+            rotated = True
+        if rotated:
+            for line in (partial + handle.read()).decode("utf-8", "replace").splitlines(keepends=True):
+                if matches(line, server):  # lines written just before the rename
+                    out.write(line)
+            out.flush()
+            partial = b""
+            handle.close()
+            handle = None
+            continue
+        time.sleep(interval)
