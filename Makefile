@@ -24,6 +24,7 @@ test: $(STAMP)
 
 schema: $(STAMP)
 	$(PY) -m veloxd schema > schemas/veloxd.schema.json
+	$(PY) -m veloxd.config.docs README.md
 
 bench: $(STAMP)
 	$(BLAS_ENV) $(PY) -m benchmarks.run_all

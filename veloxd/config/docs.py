@@ -43,9 +43,12 @@ def fields_table() -> str:
 
 
 def entry_keys_table() -> str:
-    server = build_schema()["definitions"]["server"]
+    schema = build_schema()
+    server = schema["definitions"]["server"]
     rows = [["key", "type", "default", "description"]]
     for key, spec in server["properties"].items():
+        if "$ref" in spec:  # e.g. seed: shared with the per-method rules
+            spec = {**schema["definitions"][spec["$ref"].rsplit("/", 1)[-1]], **spec}
         rows.append([f"`{key}`" + (" (required)" if key in server["required"] else ""), _type(spec),
                      _show(spec["default"]) if "default" in spec else "-", spec.get("description", "")])
         if spec.get("type") == "object" and "properties" in spec and key != "overrides":
@@ -77,3 +80,23 @@ def _table(rows: list[list[str]]) -> str:
     lines = ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
     lines.insert(1, "|" + "---|" * len(rows[0]))
     return "\n".join(lines)
+
+
+START, END = "<!-- generated-docs:start -->\n", "<!-- generated-docs:end -->"
+
+
+def with_generated_section(readme: str) -> str:
+    """`readme` with the text between the generated-docs markers replaced by render_markdown()."""
+    if START not in readme or END not in readme:
+        raise ValueError("README has no generated-docs markers")
+    head, _, rest = readme.partition(START)
+    _, _, tail = rest.partition(END)
+    return f"{head}{START}{render_markdown().rstrip()}\n{END}{tail}"
+
+
+if __name__ == "__main__":  # `make schema` refreshes the README's generated section
+    import sys
+    from pathlib import Path
+
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    path.write_text(with_generated_section(path.read_text()))

@@ -11,7 +11,7 @@ from typing import Any
 from veloxd.kv import registry
 from veloxd.kv.config import KVCacheConfig
 
-__all__ = ["KVCacheConfig", "make_caches", "registry"]
+__all__ = ["KVCacheConfig", "load_prompt_cache", "make_caches", "registry"]
 
 
 def make_caches(model: Any, config: KVCacheConfig) -> list[Any]:
@@ -24,3 +24,13 @@ def make_caches(model: Any, config: KVCacheConfig) -> list[Any]:
     from veloxd.kv.factory import make_caches as _make_caches
 
     return _make_caches(model, config)
+
+
+def load_prompt_cache(path: str, return_metadata: bool = False) -> Any:
+    """mlx_lm's load_prompt_cache, with every veloxd cache class registered first."""
+    from mlx_lm.models.cache import load_prompt_cache as _load
+
+    from veloxd.kv.factory import import_methods
+
+    import_methods()
+    return _load(path, return_metadata=return_metadata)

@@ -99,7 +99,7 @@ class KVCacheConfig:
         kind=int,
         minimum=0,
         maximum=8192,
-        help="Most recent tokens kept in full precision; a multiple of kivi_group_size.",
+        help="Recent tokens kept in full precision (R to R+G-1 between steps, G = kivi_group_size); a multiple of G.",
     )
     # --- turboquant_mse / turboquant_prod ---
     turboquant_outlier_channels: int = setting(

@@ -26,6 +26,12 @@ def native_caches(model: Any) -> list[Any]:
     return [mlx_cache.KVCache() for _ in model.layers]
 
 
+def import_methods() -> None:
+    """Import every method's module, registering its classes for mlx_lm's load_prompt_cache."""
+    for name in registry.names():
+        cache_class(name)
+
+
 def cache_class(method: str) -> type:
     module_name, class_name = registry.get(method).impl.split(":")
     return getattr(importlib.import_module(module_name), class_name)

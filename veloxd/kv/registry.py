@@ -96,6 +96,7 @@ METHODS: tuple[MethodInfo, ...] = (
         impl="veloxd.kv.turboquant:TurboQuantMSECache",
         bits_choices=(2, 3, 4),
         default_bits=4,
+        deviations="Randomized Hadamard rotation instead of a dense random orthogonal matrix; the fp16 per-vector scalar is the norm re-corrected for the decoded vector's norm (the paper stores the plain norm); outlier channels are the first turboquant_outlier_channels rotated channels given one more bit (the paper splits channels found before rotation); Lloyd-Max attention decodes codes per key chunk (~2.5-3x fp16 attention time on CPU); turboquant_codebook: uniform uses evenly spaced levels and quantized_matmul instead. Bits per element: bits + outliers/d + 16/d.",
     ),
     MethodInfo(
         name="turboquant_prod",
@@ -108,6 +109,7 @@ METHODS: tuple[MethodInfo, ...] = (
         impl="veloxd.kv.turboquant:TurboQuantProdCache",
         bits_choices=(2, 3, 4),
         default_bits=4,
+        deviations="As turboquant_mse; the residual sketch S is a d x d Gaussian per layer (seed + layer index), fp16 residual norm. Keys (bits-1) + 1 + outliers/d + 32/d bits per element, values bits + outliers/d + 16/d.",
     ),
     MethodInfo(
         name="qjl",
@@ -120,6 +122,7 @@ METHODS: tuple[MethodInfo, ...] = (
         impl="veloxd.kv.qjl:QJLCache",
         bits_choices=(2, 4, 8),
         default_bits=4,
+        deviations="No separate sketch for outlier channels and no unquantized first layers; one dense Gaussian S per layer (seed + layer index); fp16 key norms. Bits per token and head: qjl_sketch_dim + 16 (key) + Dv * (bits + 32/qjl_value_group_size) (value).",
     ),
     MethodInfo(
         name="streaming_llm",

@@ -1,0 +1,92 @@
+"""`make_caches`: fresh caches per call, native caches kept for non-plain layers, no recursion."""
+
+from __future__ import annotations
+
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+from mlx_lm.models import cache as mlx_cache  # noqa: E402
+from mlx_lm.models import llama  # noqa: E402
+
+from veloxd.kv import KVCacheConfig, make_caches  # noqa: E402
+from veloxd.kv.base import VeloxCache  # noqa: E402
+
+
+def tiny_llama(layer_types: list[str] | None = None) -> llama.Model:
+    args = llama.ModelArgs(
+        model_type="llama", hidden_size=64, num_hidden_layers=len(layer_types or [0, 0]), intermediate_size=128,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5, vocab_size=97,
+        layer_types=layer_types, sliding_window=8 if layer_types else None,
+    )
+    return llama.Model(args)
+
+
+def test_fp16_returns_the_models_own_caches():
+    caches = make_caches(tiny_llama(), KVCacheConfig("fp16"))
+    assert [type(c) for c in caches] == [mlx_cache.KVCache, mlx_cache.KVCache]
+
+
+def test_each_call_builds_fresh_caches_for_every_layer():
+    model = tiny_llama()
+    config = KVCacheConfig("affine", bits=8)
+    first, second = make_caches(model, config), make_caches(model, config)
+    assert all(isinstance(c, VeloxCache) for c in first)
+    assert all(a is not b for a, b in zip(first, second))
+    assert [c.layer.index for c in first] == [0, 1]
+    assert {c.layer.n_layers for c in first} == {2}
+
+
+def test_sliding_window_layers_keep_their_native_cache():
+    model = tiny_llama(["full_attention", "sliding_attention", "full_attention"])
+    caches = make_caches(model, KVCacheConfig("affine", bits=8))
+    assert isinstance(caches[0], VeloxCache) and isinstance(caches[2], VeloxCache)
+    assert type(caches[1]) is mlx_cache.RotatingKVCache
+    assert [caches[0].layer.index, caches[2].layer.index] == [0, 1]
+    tokens = mx.array([[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12]])
+    logits = model(tokens, cache=caches)
+    assert logits.shape == (1, 12, 97)
+
+
+def test_patched_instance_make_cache_does_not_recurse():
+    """The worker sets model.make_cache to a closure over make_caches; the factory reads the class."""
+    model = tiny_llama()
+    config = KVCacheConfig("affine", bits=4)
+    calls = []
+
+    def per_request():
+        calls.append(1)
+        return make_caches(model, config)
+
+    model.make_cache = per_request
+    caches = mlx_cache.make_prompt_cache(model)
+    assert len(calls) == 1
+    assert len(caches) == 2 and all(isinstance(c, VeloxCache) for c in caches)
+
+
+def test_compressed_attention_matches_fp16_closely_at_8_bits():
+    model = tiny_llama()
+    tokens = mx.array([[3, 14, 15, 92, 65, 35, 89, 79, 32, 38]])
+    reference = model(tokens, cache=make_caches(model, KVCacheConfig("fp16")))
+    compressed = model(tokens, cache=make_caches(model, KVCacheConfig("affine", bits=8)))
+    assert mx.abs(reference - compressed).max().item() < 0.05 * mx.abs(reference).max().item()
+
+
+def test_saved_compressed_cache_loads_back_in_a_fresh_process(tmp_path):
+    """veloxd.kv.load_prompt_cache registers every method's classes before mlx_lm looks them up."""
+    import subprocess
+    import sys
+
+    from mlx_lm.models.cache import save_prompt_cache
+
+    model = tiny_llama()
+    caches = make_caches(model, KVCacheConfig("kivi", bits=4, kivi_residual_length=32))
+    model(mx.array([list(range(40))]), cache=caches)
+    path = tmp_path / "prompt.safetensors"
+    save_prompt_cache(str(path), caches)
+    code = (
+        "from veloxd.kv import load_prompt_cache\n"
+        f"caches = load_prompt_cache({str(path)!r})\n"
+        "print([type(c).__name__ for c in caches], [c.offset for c in caches])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "['KIVICache', 'KIVICache'] [40, 40]", out.stderr

@@ -1,0 +1,22 @@
+"""The README's reference tables are generated, never hand-edited: they must match the code."""
+
+from __future__ import annotations
+
+from tests.support import REPO
+from veloxd.config.docs import with_generated_section
+
+
+def test_readme_generated_section_matches_the_registry_and_config():
+    readme = (REPO / "README.md").read_text()
+    assert readme == with_generated_section(readme), "run `make schema` to refresh README.md"
+
+
+def test_readme_documents_every_method_and_field():
+    from veloxd.kv import registry
+    from veloxd.kv.config import settings
+
+    readme = (REPO / "README.md").read_text()
+    for name in registry.names():
+        assert f"`{name}`" in readme
+    for f in settings():
+        assert f"`{f.name}`" in readme

@@ -1,0 +1,81 @@
+"""Every registered method serves end to end through `veloxd serve` (no crash tier, no fallback)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from tests.support import Worker, free_port, http_json
+from veloxd.kv import registry
+
+pytestmark = pytest.mark.slow
+
+# Small budgets so eviction really happens on the test prompts (~300 tokens).
+SETTINGS = {
+    "affine": ["--bits", "4", "--set", "affine_rotate=true"],
+    "kivi": ["--bits", "2", "--set", "kivi_residual_length=32"],
+    "turboquant_mse": ["--bits", "3"],
+    "turboquant_prod": ["--bits", "3"],
+    "qjl": ["--bits", "4", "--set", "qjl_sketch_dim=128"],
+    "streaming_llm": ["--set", "streaming_llm_sinks=4", "--set", "streaming_llm_window=64"],
+    "knorm": ["--set", "knorm_budget=96", "--set", "knorm_window=16"],
+    "snapkv": ["--set", "snapkv_budget=96", "--set", "snapkv_window=16"],
+    "tova": ["--set", "tova_budget=96"],
+    "h2o": ["--set", "h2o_budget=96", "--set", "h2o_window=32"],
+}
+LONG_PROMPT = " ".join(f"item{i} = compute(item{i - 1}, {i})" for i in range(1, 60))
+
+
+def test_every_compressed_method_has_serve_settings():
+    assert set(SETTINGS) == set(registry.names()) - {"fp16"}
+
+
+@pytest.mark.parametrize("method", sorted(SETTINGS))
+def test_method_serves_end_to_end(tiny_model, method):
+    info = registry.get(method)
+    worker = Worker("--model", str(tiny_model), "--method", method, "--port", str(free_port()), *SETTINGS[method])
+    try:
+        ready = worker.ready()
+        assert ready["method"] == method and ready["storage"] == info.storage
+        assert ready["batchable"] is info.batchable
+        assert ready["trimmable"] == info.trimmable
+        assert "KVCache" not in ready["layer_caches"], "a plain fp16 cache was substituted"
+        kv = ready["kv_bytes_per_token"]
+        if info.storage == "packed":
+            assert kv["ratio"] < 0.75, kv
+        elif method == "streaming_llm":
+            assert kv["ratio"] < 0.5, kv  # 68 of 256 probe tokens retained
+        base = ready["endpoints"]["openai_base_url"]
+        results: list[tuple[int, dict]] = []
+
+        def ask(tag: str) -> None:
+            body = {"prompt": f"{tag} {LONG_PROMPT}", "max_tokens": 12, "temperature": 0.0}
+            results.append(http_json(f"{base}/completions", body, timeout=180))
+
+        threads = [threading.Thread(target=ask, args=(tag,)) for tag in ("a", "b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(240)
+        assert [status for status, _ in results] == [200, 200], results
+        assert all(reply["usage"]["completion_tokens"] == 12 for _, reply in results)
+        assert not any("Traceback" in line for line in worker.stderr), worker.stderr[-30:]
+    finally:
+        assert worker.stop() == 0
+
+
+def test_affine_8bit_and_fp16_agree_on_greedy_tokens(tiny_model):
+    texts = []
+    for flags in (["--method", "fp16"], ["--method", "affine", "--bits", "8"]):
+        worker = Worker("--model", str(tiny_model), "--port", str(free_port()), *flags)
+        try:
+            base = worker.ready()["endpoints"]["openai_base_url"]
+            body = {"prompt": "def add(a, b):", "max_tokens": 16, "temperature": 0.0}
+            status, reply = http_json(f"{base}/completions", body)
+            assert status == 200
+            texts.append(reply["choices"][0]["text"])
+        finally:
+            worker.stop()
+    assert texts[0] == texts[1]
+    assert texts[0]
