@@ -4,6 +4,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.installed-bench
 # Debian's OpenBLAS makes MLX CPU matmuls ~25x faster; used for benchmarks and training when present.
 OPENBLAS := $(firstword $(wildcard /usr/lib/*/openblas-pthread/libblas.so.3))
 BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
@@ -13,8 +14,12 @@ BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test,bench]'
+	$(PY) -m pip install --quiet -e '.[test]'
 	touch $(STAMP)
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[test,bench]'
+	touch $(BENCH_STAMP)
 
 run: $(STAMP)
 	$(PY) -m veloxd.demo
@@ -26,13 +31,13 @@ schema: $(STAMP)
 	$(PY) -m veloxd schema > schemas/veloxd.schema.json
 	$(PY) -m veloxd.config.docs README.md
 
-bench: $(STAMP)
+bench: $(BENCH_STAMP)
 	$(BLAS_ENV) $(PY) -m benchmarks.run_all
 
-bench-quick: $(STAMP)
+bench-quick: $(BENCH_STAMP)
 	$(BLAS_ENV) $(PY) -m benchmarks.run_all --quick
 
-bench-kv: $(STAMP)
+bench-kv: $(BENCH_STAMP)
 	$(BLAS_ENV) $(PY) -m benchmarks.kv
 
 bench-daemon: $(STAMP)

@@ -23,9 +23,8 @@ import numpy as np
 
 from veloxd.kv import bitpack
 
-
 CHUNKS = (1024, 256)  # full chunks of the first size, the tail in (padded) chunks of the second
-SPLIT_BITS = (3, 5)  # widths MLX cannot dequantize quickly: stored as sign + magnitude
+SPLIT_BITS = (3, 5)  # widths whose codes straddle words: stored as sign + magnitude
 
 
 def _solve(nodes: np.ndarray, values: np.ndarray, powers: list[int]) -> tuple[float, ...]:
