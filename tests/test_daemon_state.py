@@ -6,11 +6,11 @@ import itertools
 
 import pytest
 
+from veloxd.config import RestartPolicy
 from veloxd.daemon.state import (
     TRANSITIONS,
     GiveUp,
     IllegalTransition,
-    RestartPolicy,
     Retry,
     ServerState,
     after_failure,

@@ -16,7 +16,6 @@ from veloxd.daemon.probe import port_holder, port_in_use
 from veloxd.daemon.process import Child, describe_exit
 from veloxd.daemon.state import (
     GiveUp,
-    RestartPolicy,
     ServerState,
     after_failure,
     transition,
@@ -44,11 +43,6 @@ class Spawner(Protocol):
 
 def wall_clock() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
-
-
-def policy_of(entry: Any) -> RestartPolicy:
-    r = entry.restart
-    return RestartPolicy(r.max_failures, r.window_s, r.backoff_initial_s, r.backoff_max_s)
 
 
 class ServerProcess:
@@ -208,7 +202,7 @@ class ServerProcess:
 
     # ---- helpers ----------------------------------------------------------------------
     def _fail(self, now: float, reason: str, unfixable: str | None, **event: Any) -> None:
-        decision = after_failure(self.failures, now, policy_of(self.entry), unfixable)
+        decision = after_failure(self.failures, now, self.entry.restart, unfixable)
         self.failures = [*self.failures, now][-64:]
         if isinstance(decision, GiveUp):
             self._give_up(decision.reason, failures=decision.failures, failure=reason, **event)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Final
+from typing import Final, Protocol
 
 
 class ServerState(enum.Enum):
@@ -47,14 +47,13 @@ def transition(current: ServerState, new: ServerState) -> ServerState:
     return new
 
 
-@dataclass(frozen=True)
-class RestartPolicy:
-    """How a crashing server is retried (the daemon's copy of the config's restart policy)."""
+class RestartPolicy(Protocol):
+    """What the decisions read of an entry's `restart` section (veloxd.config.RestartPolicy)."""
 
-    max_failures: int = 5
-    window_s: float = 300.0
-    backoff_initial_s: float = 1.0
-    backoff_max_s: float = 60.0
+    max_failures: int
+    window_s: float
+    backoff_initial_s: float
+    backoff_max_s: float
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,6 @@ from typing import Any
 
 from veloxd.kv import registry
 
-QUANTIZERS = ("affine", "kivi", "turboquant_mse", "turboquant_prod", "qjl")
 TURBOQUANT = ("turboquant_mse", "turboquant_prod")
 SEEDED = ("affine", "turboquant_mse", "turboquant_prod", "qjl")
 
