@@ -16,6 +16,7 @@ from veloxd.kv import registry
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
 SCHEMA_FILE = REPO / "schemas" / "veloxd.schema.json"
+SHIPPED_MODEL = REPO / "veloxd" / "assets" / "tiny-llama"
 
 
 def test_there_are_a_demo_and_examples() -> None:
@@ -24,14 +25,14 @@ def test_there_are_a_demo_and_examples() -> None:
 
 
 @pytest.fixture(scope="module")
-def configs_copy(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
-    """configs/ copied with owner-only write permission, next to a .cache/tiny-llama like `make run` writes."""
+def configs_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """configs/ copied with owner-only write permission, next to the shipped model they point at."""
     root = tmp_path_factory.mktemp("checkout")
     shutil.copytree(REPO / "configs", root / "configs")
     for path in (root / "configs").rglob("*.yaml"):
         path.chmod(0o644)
-    (root / ".cache").mkdir()
-    (root / ".cache" / "tiny-llama").symlink_to(tiny_model, target_is_directory=True)
+    (root / "veloxd" / "assets").mkdir(parents=True)
+    (root / "veloxd" / "assets" / "tiny-llama").symlink_to(SHIPPED_MODEL, target_is_directory=True)
     return root / "configs"
 
 
@@ -56,4 +57,4 @@ def test_modeline_points_at_the_schema_and_an_editor_agrees(path: Path) -> None:
 def test_demo_runs_two_methods_on_the_tiny_model(configs_copy: Path) -> None:
     demo = load_config(configs_copy / "veloxd.yaml")
     assert [(e.port, e.method) for e in demo.servers.values()] == [(8181, "kivi"), (8182, "affine")]
-    assert {e.model for e in demo.servers.values()} == {str(configs_copy.parent / ".cache" / "tiny-llama")}
+    assert {e.model for e in demo.servers.values()} == {str(configs_copy.parent / "veloxd" / "assets" / "tiny-llama")}

@@ -1,4 +1,4 @@
-"""`make run`: the daemon on configs/veloxd.yaml (the embedded model, no download).
+"""`make run`: the daemon on configs/veloxd.yaml (the shipped tiny model, no download).
 
 Starts `veloxd run` in the foreground with its log and state under .cache/, waits until every
 server is READY, prints a ready-to-paste curl line per server, and forwards Ctrl-C / SIGTERM.
@@ -17,20 +17,6 @@ from pathlib import Path
 from veloxd.daemon.statefile import read_state
 
 REPO = Path(__file__).resolve().parent.parent
-SHIPPED_MODEL = REPO / "veloxd" / "assets" / "tiny-llama"
-FALLBACK_MODEL = REPO / ".cache" / "tiny-llama"
-
-
-def ensure_models(config_path: Path) -> None:
-    """Write the random tiny model when the demo config points at it and it is missing."""
-    text = config_path.read_text()
-    if ".cache/tiny-llama" in text and not (FALLBACK_MODEL / "model.safetensors").exists():
-        from veloxd.tinymodel import write_tiny_model
-
-        print(f"veloxd demo: writing a tiny random-weight model to {FALLBACK_MODEL}", flush=True)
-        write_tiny_model(FALLBACK_MODEL)
-
-
 def curl_lines(state: dict) -> list[str]:
     lines = []
     for name, server in sorted(state.get("servers", {}).items()):
@@ -63,7 +49,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     cache = REPO / ".cache"
     cache.mkdir(exist_ok=True)
-    ensure_models(args.config)
     state_dir = cache / "state"
     command = [sys.executable, "-m", "veloxd", "run", "--config", str(args.config),
                "--log-file", str(cache / "veloxd.jsonl"), "--state-dir", str(state_dir)]

@@ -1,0 +1,135 @@
+"""The benchmark arms: every veloxd method and bit width, eviction budgets, and mlx_lm's peer cache.
+
+An arm knows how to build one request's per-layer caches for a model and a context length.
+Methods whose module does not import yet are reported as unavailable instead of failing the run.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from veloxd.kv import KVCacheConfig, registry
+
+PEER = "mlx_quantized"  # mlx_lm's QuantizedKVCache, quantized from token 0 (group 64)
+PEER_BITS = (2, 3, 4, 8)
+EVICTION_FRACTION = 0.25
+EVICTION_FIXED_BUDGET = 512  # the "512 tokens at 4k" budget
+
+
+@dataclass(frozen=True)
+class Arm:
+    label: str
+    method: str  # a registry name, or PEER
+    family: str  # baseline / quantization / eviction / peer
+    bits: int | None = None
+    settings: dict[str, Any] = field(default_factory=dict)
+    budget: int | None = None  # eviction: tokens kept per layer
+
+    def config(self) -> KVCacheConfig | None:
+        if self.method == PEER:
+            return None
+        return KVCacheConfig(method=self.method, bits=self.bits, **self.settings)
+
+    def make_caches(self, model: Any) -> list[Any]:
+        if self.method == PEER:
+            from mlx_lm.models.cache import QuantizedKVCache
+
+            # Built directly so it is quantized from token 0 (mlx_lm's quantized_kv_start skips that).
+            return [QuantizedKVCache(group_size=64, bits=self.bits) for _ in model.layers]
+        from veloxd.kv import make_caches
+
+        return make_caches(model, self.config())
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "method": self.method, "family": self.family, "bits": self.bits,
+                "settings": dict(self.settings), "budget": self.budget}
+
+
+def availability(method: str) -> str | None:
+    """None if the method's cache class imports, else the reason it does not (yet)."""
+    if method == PEER or method == "fp16":
+        return None
+    module_name, class_name = registry.get(method).impl.split(":")
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as error:  # a module being written right now may fail in any way
+        return f"{type(error).__name__}: {error}"
+    if not hasattr(module, class_name):
+        return f"{module_name} has no {class_name}"
+    return None
+
+
+def eviction_settings(method: str, budget: int) -> dict[str, Any]:
+    """KVCacheConfig fields that give `method` a total of `budget` tokens per layer."""
+    if method == "streaming_llm":
+        return {"streaming_llm_sinks": 4, "streaming_llm_window": budget - 4}
+    if method == "knorm":
+        return {"knorm_budget": budget, "knorm_window": min(32, budget // 4)}
+    if method == "snapkv":
+        return {"snapkv_budget": budget, "snapkv_window": min(32, budget // 4)}
+    if method == "tova":
+        return {"tova_budget": budget}
+    if method == "h2o":
+        return {"h2o_budget": budget, "h2o_window": budget // 2}
+    raise ValueError(f"no budget rule for eviction method '{method}'")
+
+
+def quantizer_arms(quick: bool) -> list[Arm]:
+    arms = []
+    for info in registry.METHODS:
+        if info.family != "quantization" or not info.servable:
+            continue
+        bits = info.bits_choices if not quick else (info.default_bits,)
+        for b in bits:
+            arms.append(Arm(f"{info.name}-{b}", info.name, "quantization", b))
+        if info.name == "affine" and not quick:
+            for b in (2, 3, 4):
+                arms.append(Arm(f"affine-rot-{b}", "affine", "quantization", b, {"affine_rotate": True}))
+            arms.append(Arm("affine-k8v4", "affine", "quantization", 4, {"affine_key_bits": 8}))
+    return arms
+
+
+def eviction_arms(context: int) -> list[Arm]:
+    budgets = [max(16, int(context * EVICTION_FRACTION))]
+    if context >= 4096 and EVICTION_FIXED_BUDGET not in budgets:
+        budgets.append(EVICTION_FIXED_BUDGET)
+    arms = []
+    for info in registry.METHODS:
+        if info.family != "eviction" or not info.servable:
+            continue
+        for budget in budgets:
+            label = f"{info.name}-{budget}"
+            arms.append(Arm(label, info.name, "eviction", None, eviction_settings(info.name, budget), budget))
+    return arms
+
+
+def all_arms(context: int, quick: bool = False) -> list[Arm]:
+    """fp16 first (the reference), then the peer, quantizers and eviction methods."""
+    arms = [Arm("fp16", "fp16", "baseline")]
+    arms += [Arm(f"mlx-q{b}", PEER, "peer", b) for b in PEER_BITS if not quick or b in (4, 8)]
+    arms += quantizer_arms(quick)
+    arms += eviction_arms(context)
+    return arms
+
+
+def split_available(arms: list[Arm]) -> tuple[list[Arm], dict[str, str]]:
+    """(arms that can run, {label: reason} for those that cannot)."""
+    reasons: dict[str, str] = {}
+    ready = []
+    cache: dict[str, str | None] = {}
+    for arm in arms:
+        if arm.method not in cache:
+            cache[arm.method] = availability(arm.method)
+        reason = cache[arm.method]
+        if reason is None:
+            try:
+                arm.config()
+            except ValueError as error:
+                reason = f"invalid config: {error}"
+        if reason is None:
+            ready.append(arm)
+        else:
+            reasons[arm.label] = reason
+    return ready, reasons

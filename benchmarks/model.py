@@ -1,0 +1,94 @@
+"""The benchmark models: the shipped tiny model (float32 on CPU) and its "realistic keys" variant.
+
+The variant scales a few rotary pairs (i, i + D/2) of every layer's k_proj rows by `a` and the
+matching q_proj rows by 1/a. RoPE rotates each pair by one angle, so scaling both members of a
+pair equally commutes with it: q.k, hence the model's function, is unchanged, while the key
+channels get heavy-tailed outliers like real LLMs have (kv-anchors 4.1).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import mlx.core as mx
+
+ASSET = Path(__file__).resolve().parent.parent / "veloxd" / "assets" / "tiny-llama"
+OUTLIER_PAIRS = (3, 17, 40, 58)  # rotary pair indices i (< D/2) scaled in every layer and KV head
+OUTLIER_SCALE = 20.0
+
+
+@dataclass
+class BenchModel:
+    name: str  # "tiny-llama" or "tiny-llama+outliers"
+    path: Path
+    model: Any
+    tokenizer: Any
+
+
+def model_path(explicit: str | Path | None = None) -> Path:
+    """The shipped model if present, else a random tiny model (development only)."""
+    if explicit:
+        return Path(explicit)
+    if (ASSET / "model.safetensors").exists():
+        return ASSET
+    from veloxd.tinymodel import write_tiny_model
+
+    return write_tiny_model(Path(".cache") / "bench-random-tiny")
+
+
+def load(path: Path) -> BenchModel:
+    from mlx_lm import load as mlx_load
+
+    model, tokenizer = mlx_load(str(path))
+    model.set_dtype(mx.float32)  # CPU: float16 matmuls are far slower than float32
+    mx.eval(model.parameters())
+    return BenchModel("tiny-llama", path, model, tokenizer)
+
+
+def outlier_rows(head_dim: int, n_heads: int, pairs: tuple[int, ...]) -> list[int]:
+    """Output rows of a q/k projection for rotary pairs (i, i + D/2) in every head."""
+    half = head_dim // 2
+    return [h * head_dim + j for h in range(n_heads) for i in pairs for j in (i, i + half)]
+
+
+def with_outlier_keys(bench: BenchModel, scale: float = OUTLIER_SCALE,
+                      pairs: tuple[int, ...] = OUTLIER_PAIRS) -> BenchModel:
+    """A second, function-preserving copy of the model whose keys have outlier channels."""
+    from mlx_lm import load as mlx_load
+
+    model, tokenizer = mlx_load(str(bench.path))
+    model.set_dtype(mx.float32)
+    for layer in model.layers:
+        attn = layer.self_attn
+        if getattr(attn.rope, "traditional", False):
+            raise ValueError("outlier variant assumes non-traditional RoPE (pairs i, i + D/2)")
+        k_rows = outlier_rows(attn.head_dim, attn.n_kv_heads, pairs)
+        q_rows = outlier_rows(attn.head_dim, attn.n_heads, pairs)
+        k_factor = mx.ones((attn.k_proj.weight.shape[0], 1))  # (Hkv * D, 1)
+        k_factor[mx.array(k_rows)] = scale
+        q_factor = mx.ones((attn.q_proj.weight.shape[0], 1))  # (Hq * D, 1)
+        q_factor[mx.array(q_rows)] = 1.0 / scale
+        attn.k_proj.weight = attn.k_proj.weight * k_factor
+        attn.q_proj.weight = attn.q_proj.weight * q_factor
+    mx.eval(model.parameters())
+    return BenchModel(bench.name + "+outliers", bench.path, model, tokenizer)
+
+
+def max_logit_difference(a: Any, b: Any, tokens: mx.array) -> float:
+    """Largest absolute difference of the two models' logits on `tokens` [1, L] (float32)."""
+    diff = mx.abs(a(tokens) - b(tokens)).max()
+    return float(diff)
+
+
+def key_channel_stats(model: Any, tokens: mx.array) -> dict[str, float]:
+    """Max/median ratio of per-channel key RMS (post-RoPE) in layer 0: how heavy-tailed keys are."""
+    from mlx_lm.models.cache import KVCache
+
+    caches = [KVCache() for _ in model.layers]
+    model(tokens, cache=caches)
+    keys = caches[0].state[0]  # [1, Hkv, L, D]
+    rms = mx.sqrt((keys.astype(mx.float32) ** 2).mean(axis=(0, 1, 2)))  # (D,)
+    ordered = mx.sort(rms)
+    return {"max_over_median": float(ordered[-1] / ordered[ordered.shape[0] // 2])}

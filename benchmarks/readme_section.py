@@ -1,0 +1,73 @@
+"""The README "Results" section, generated from benchmarks/results/*.json so the two cannot disagree."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from benchmarks.pareto import front
+from benchmarks.provenance import caption
+from benchmarks.report import fmt
+
+RESULTS = Path(__file__).resolve().parent / "results"
+CAVEATS = """**CPU-only caveats.** Everything here ran on a shared 2-core x86 CPU with MLX's CPU backend
+in float32 (CPU float16 matmuls are far slower). Memory ratios (stored bytes, resident bytes,
+prefill peak) carry over to Apple silicon: they are properties of what each cache holds. Quality
+(KL, top-1, PPL) carries over for the same model and dtype up to float16 rounding. Speed ratios
+do not: on Metal, mlx_lm's quantized attention and veloxd's packed-cache kernels take other paths
+than the CPU's, so the decode/prefill ratios are regression guards here, and Apple-silicon numbers
+need their own run (`make bench` on a Mac). The model is a 4M-parameter model trained for under
+an hour; real models have larger heads and key outliers that the realistic-keys variant only
+imitates."""
+
+
+def main_rows(report: dict[str, Any], variant: str, context: int) -> list[dict[str, Any]]:
+    return [r for r in report["rows"] if r["variant"] == variant and r["context"] == context and not r.get("error")]
+
+
+def main_table(rows: list[dict[str, Any]], outlier_rows: dict[str, dict[str, Any]]) -> str:
+    on_front = set(front(rows))
+    lines = ["| method | family | stored ÷ fp16 | KL mean | KL mean, realistic keys | top-1 | prefill peak ÷ fp16 | "
+             "decode ÷ fp16 (CPU) | Pareto |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(rows, key=lambda r: (r["family"] != "baseline", r["family"], r["stored_vs_fp16"] or 0)):
+        other = outlier_rows.get(r["label"], {})
+        lines.append(f"| `{r['label']}` | {r['family']} | {fmt(r.get('stored_vs_fp16'), 3)} | {fmt(r.get('kl_mean'), 4)} | "
+                     f"{fmt(other.get('kl_mean'), 4)} | {fmt(r.get('top1_agreement'), 3)} | "
+                     f"{fmt(r.get('prefill_peak_vs_fp16'), 2)} | {fmt(r.get('decode_speed_vs_fp16'), 2)} | "
+                     f"{'yes' if r['label'] in on_front else ''} |")
+    return "\n".join(lines)
+
+
+def render(report: dict[str, Any], context: int = 1024) -> str:
+    variants = sorted({r["variant"] for r in report["rows"]})
+    base, realistic = variants[0], variants[-1]
+    rows = main_rows(report, base, context)
+    outliers = {r["label"]: r for r in main_rows(report, realistic, context)}
+    positions = max((r.get("positions") or 0) for r in rows)
+    fronts = {v: front(main_rows(report, v, context)) for v in variants}
+    plot = f"benchmarks/results/pareto_{realistic.replace('+', '_')}_{context}.png"
+    text = [
+        "## Results", "",
+        f"Measured by `make bench` on the shipped tiny model (`veloxd/assets/tiny-llama`, see its MODEL_CARD.md); "
+        f"full tables in `benchmarks/results/RESULTS.md`, every figure in `benchmarks/results/kv.json`.", "",
+        f"_{caption(report['provenance'], f'{positions} teacher-forced positions per method at {context} tokens')}_", "",
+        main_table(rows, outliers), "",
+        f"![KL vs stored bytes, realistic keys, {context} tokens]({plot})", "",
+    ]
+    for v in variants:
+        text.append(f"On the Pareto front ({v}, {context} tokens): " + ", ".join(f"`{x}`" for x in fronts[v]) + ".")
+    text += ["", CAVEATS, ""]
+    return "\n".join(text)
+
+
+def main() -> int:
+    report = json.loads((RESULTS / "kv.json").read_text())
+    out = RESULTS / "README_results.md"
+    out.write_text(render(report))
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
