@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models import llama
 
 from benchmarks.data import PassKey, TokenizedCorpus, TrainingStream, documents, tokenize
-from veloxd.tinymodel import CHAT_TEMPLATE, SPECIAL_TOKENS
+from veloxd.tinymodel import write_tokenizer
 
 # (fraction of the run at which the phase starts, context length, induction-warm-up data);
 # batch tokens stay constant.
@@ -63,32 +63,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def train_tokenizer(out: Path, docs: list[tuple[str, str]], vocab_size: int):
     """Byte-level BPE on the training split, with veloxd's special tokens and chat template."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-
-    tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator((text for _, text in docs), trainer=trainer)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(out / "tokenizer.json"))
-    config = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "bos_token": "<s>",
-        "eos_token": "</s>",
-        "unk_token": "<unk>",
-        "chat_template": CHAT_TEMPLATE,
-        "model_max_length": 8192,
-    }
-    (out / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    special = {"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"}
-    (out / "special_tokens_map.json").write_text(json.dumps(special) + "\n")
-    return tokenizer
+    return write_tokenizer(out, vocab_size, (text for _, text in docs))
 
 
 def model_config(args: argparse.Namespace) -> dict:

@@ -162,3 +162,24 @@ def run_batched(model: Any, prompts: list[list[int]], caches: list[list[Any]], m
 
 def deep(cache: list[Any]) -> list[Any]:
     return copy.deepcopy(cache)
+
+
+HEADS, DIM, SCALE = 2, 128, 128**-0.5
+OUTLIER_CHANNELS = [3, 50, 77, 100]
+
+
+def rel(a: mx.array, b: mx.array) -> float:
+    return (mx.linalg.norm(a - b) / mx.linalg.norm(b)).item()
+
+
+def data(n: int = 512, outliers: bool = False, seed: int = 0) -> tuple[mx.array, mx.array, mx.array]:
+    """queries [1, 4, n, D], keys/values [1, 2, n, D]; outliers scale a few key channels by 20."""
+    mx.random.seed(seed)
+    q = mx.random.normal((1, 2 * HEADS, n, DIM))
+    k = mx.random.normal((1, HEADS, n, DIM))
+    v = mx.random.normal((1, HEADS, n, DIM))
+    if outliers:
+        gain = mx.ones((DIM,))
+        gain[mx.array(OUTLIER_CHANNELS)] = 20.0
+        k = k * gain
+    return q, k, v

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import json
 import pydoc_data.topics
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 CHAT_TEMPLATE = (
     "{% for message in messages %}<|{{ message['role'] }}|>{{ message['content'] }}</s>{% endfor %}"
@@ -23,7 +25,8 @@ def corpus() -> list[str]:
     return [text for text in pydoc_data.topics.topics.values() if text.strip()]
 
 
-def write_tokenizer(path: Path, vocab_size: int) -> None:
+def write_tokenizer(path: Path, vocab_size: int, texts: Iterable[str] | None = None) -> Any:
+    """Train a byte-level BPE (veloxd's special tokens, chat template) on `texts`; write its files."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
     tokenizer = Tokenizer(models.BPE(unk_token="<unk>"))
@@ -35,7 +38,8 @@ def write_tokenizer(path: Path, vocab_size: int) -> None:
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tokenizer.train_from_iterator(corpus(), trainer=trainer)
+    tokenizer.train_from_iterator(corpus() if texts is None else texts, trainer=trainer)
+    path.mkdir(parents=True, exist_ok=True)
     tokenizer.save(str(path / "tokenizer.json"))
     (path / "tokenizer_config.json").write_text(
         json.dumps(
@@ -53,6 +57,7 @@ def write_tokenizer(path: Path, vocab_size: int) -> None:
     (path / "special_tokens_map.json").write_text(
         json.dumps({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>"})
     )
+    return tokenizer
 
 
 def model_config(vocab_size: int, layers: int, hidden: int) -> dict:
