@@ -66,9 +66,9 @@ def render(report: dict[str, Any], out_dir: Path = RESULTS) -> list[Path]:
     return written
 
 
-def main() -> int:
-    report = json.loads((RESULTS / "kv.json").read_text())
-    for path in render(report):
+def main(results: Path = RESULTS) -> int:
+    report = json.loads((results / "kv.json").read_text())
+    for path in render(report, results):
         print(path)
     return 0
 

@@ -1,7 +1,8 @@
 """`make bench` / `make bench-quick`: KV-cache benchmark, serving benchmark, plots and tables.
 
-Writes benchmarks/results/{kv.json, serving.json, RESULTS.md, README_results.md, pareto_*.png}. `--quick` measures
-one context length with fewer arms and one serving round (a smoke run, < 5 minutes).
+`make bench` writes benchmarks/results/{kv.json, serving.json, RESULTS.md, README_results.md,
+pareto_*.png}. `--quick` (one context length, fewer arms, one serving round; a smoke run of a
+few minutes) writes the same files under benchmarks/results/quick/, leaving the full results alone.
 """
 
 from __future__ import annotations
@@ -9,8 +10,11 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from pathlib import Path
 
 from benchmarks import kv, plots, readme_section, report, serving
+
+RESULTS = Path(__file__).resolve().parent / "results"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,14 +24,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="model directory (default: the shipped tiny model)")
     args = parser.parse_args(argv)
     started = time.time()
+    results = RESULTS / "quick" if args.quick else RESULTS
     common = (["--quick"] if args.quick else []) + (["--model", args.model] if args.model else [])
-    kv.main(common)
+    kv.main(common + ["--out", str(results / "kv.json")])
     if not args.skip_serving:
-        serving.main(common)
-    plots.main()
-    report.main()
-    readme_section.main()
-    print(json.dumps({"event": "bench_finished", "seconds": round(time.time() - started, 1)}), flush=True)
+        serving.main(common + ["--out", str(results / "serving.json")])
+    plots.main(results)
+    report.main(results)
+    readme_section.main(results)
+    print(json.dumps({"event": "bench_finished", "seconds": round(time.time() - started, 1), "results": str(results)}),
+          flush=True)
     return 0
 
 

@@ -101,4 +101,4 @@ def test_kv_benchmark_pipeline_measures_writes_and_renders(tiny_model, tmp_path)
     assert pngs and all(p.stat().st_size > 10_000 for p in pngs)
     text = report.kv_section(result)
     assert "| `affine-4` |" in text and "Pareto front" in text
-    assert "## Results" in readme_section.render(result, context=160)
+    assert "## Results" in readme_section.render(result, contexts=(160,))
