@@ -29,7 +29,7 @@ test: $(STAMP)
 
 schema: $(STAMP)
 	$(PY) -m veloxd schema > schemas/veloxd.schema.json
-	$(PY) -m veloxd.config.docs README.md
+	$(PY) -m veloxd.config.docs docs/reference.md
 
 bench: $(BENCH_STAMP)
 	$(BLAS_ENV) $(PY) -m benchmarks.run_all

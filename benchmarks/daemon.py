@@ -102,7 +102,7 @@ def main() -> int:
     args = parser.parse_args()
     reloads, idle_s = (10, 10.0) if args.quick else (args.reloads, args.idle_s)
 
-    from veloxd.tinymodel import write_tiny_model
+    from testkit.tinymodel import write_tiny_model
 
     with tempfile.TemporaryDirectory(prefix="veloxd-bench-") as tmp:
         root = Path(tmp)

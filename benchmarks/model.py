@@ -33,7 +33,7 @@ def model_path(explicit: str | Path | None = None) -> Path:
         return Path(explicit)
     if (ASSET / "model.safetensors").exists():
         return ASSET
-    from veloxd.tinymodel import write_tiny_model
+    from testkit.tinymodel import write_tiny_model
 
     return write_tiny_model(Path(".cache") / "bench-random-tiny")
 

@@ -67,7 +67,7 @@ measuring instrument, not a useful language model.
 | query heads / KV heads (GQA) | {config['num_attention_heads']} / {config['num_key_value_heads']} |
 | head_dim | {config['head_dim']} |
 | MLP (SwiGLU) | {config['intermediate_size']} |
-| vocabulary | {config['vocab_size']} (byte-level BPE, `tokenizers`; special tokens `<unk> <s> </s> <|system|> <|user|> <|assistant|>`; chat template from `veloxd/tinymodel.py`) |
+| vocabulary | {config['vocab_size']} (byte-level BPE, `tokenizers`; special tokens `<unk> <s> </s> <|system|> <|user|> <|assistant|>`; chat template from `testkit/tinymodel.py`) |
 | positions | RoPE, theta {config['rope_theta']:.0f}, trained up to 1024 tokens |
 | weights | float16 safetensors, tied embeddings, {params * 2 / 1e6:.1f} MB |
 

@@ -1,4 +1,4 @@
-"""The README "Results" section, generated from benchmarks/results/*.json so the two cannot disagree."""
+"""The docs/results.md page, generated from benchmarks/results/*.json so the two cannot disagree."""
 
 from __future__ import annotations
 
@@ -60,9 +60,9 @@ def render(report: dict[str, Any], contexts: tuple[int, ...] = (1024, 4096)) -> 
     variants = sorted({r["variant"] for r in report["rows"]})
     measured = sorted({r["context"] for r in report["rows"]})
     chosen = [c for c in contexts if c in measured] or measured[:1]
-    plot = f"benchmarks/results/pareto_{variants[-1].replace('+', '_')}_{chosen[0]}.png"
+    plot = f"../benchmarks/results/pareto_{variants[-1].replace('+', '_')}_{chosen[0]}.png"
     text = [
-        "## Results", "",
+        "# Results", "",
         "Measured by `make bench` on the shipped tiny model (`veloxd/assets/tiny-llama`, see its MODEL_CARD.md); "
         "full tables (resident memory, KL p99, PPL, prefill speed, 8k) in `benchmarks/results/RESULTS.md`, every "
         "figure in `benchmarks/results/kv.json`. *KL mean, realistic keys* is the same model with outlier key "

@@ -22,7 +22,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models import llama
 
 from benchmarks.data import PassKey, TokenizedCorpus, TrainingStream, documents, tokenize
-from veloxd.tinymodel import write_tokenizer
+from testkit.tinymodel import write_tokenizer
 
 # (fraction of the run at which the phase starts, context length, induction-warm-up data);
 # batch tokens stay constant.

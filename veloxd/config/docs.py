@@ -12,7 +12,7 @@ from veloxd.kv.config import settings
 
 
 def render_markdown() -> str:
-    """The README's reference section: `veloxd schema --docs`."""
+    """docs/reference.md's generated section: `veloxd schema --docs`."""
     return "\n".join([
         "### KV-cache methods", "", methods_table(), "",
         "### KV-cache settings (`bits`, `seed`, and `overrides`)", "", fields_table(), "",
@@ -88,15 +88,15 @@ START, END = "<!-- generated-docs:start -->\n", "<!-- generated-docs:end -->"
 def with_generated_section(readme: str) -> str:
     """`readme` with the text between the generated-docs markers replaced by render_markdown()."""
     if START not in readme or END not in readme:
-        raise ValueError("README has no generated-docs markers")
+        raise ValueError("no generated-docs markers in the page")
     head, _, rest = readme.partition(START)
     _, _, tail = rest.partition(END)
     return f"{head}{START}{render_markdown().rstrip()}\n{END}{tail}"
 
 
-if __name__ == "__main__":  # `make schema` refreshes the README's generated section
+if __name__ == "__main__":  # `make schema` refreshes docs/reference.md's generated section
     import sys
     from pathlib import Path
 
-    path = Path(sys.argv[1] if len(sys.argv) > 1 else "README.md")
+    path = Path(sys.argv[1] if len(sys.argv) > 1 else "docs/reference.md")
     path.write_text(with_generated_section(path.read_text()))

@@ -2,7 +2,7 @@
 
 Every field carries its own metadata (the methods it applies to, its type, its range or
 choices, a one-line description). The YAML schema, `veloxd serve --set`, `veloxd methods`
-and the README tables are all generated from it. This module imports no mlx.
+and the docs/reference.md tables are all generated from it. This module imports no mlx.
 """
 
 from __future__ import annotations

@@ -1,0 +1,1 @@
+"""Helpers used only by tests and benchmarks (not installed with veloxd)."""

@@ -1,0 +1,60 @@
+"""Every file in configs/ validates (demo on the real tiny model) and points editors at the schema."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from veloxd.config import load_config
+from veloxd.kv import registry
+
+REPO = Path(__file__).resolve().parents[2]
+CONFIGS = sorted((REPO / "configs").rglob("*.yaml"))
+SCHEMA_FILE = REPO / "schemas" / "veloxd.schema.json"
+SHIPPED_MODEL = REPO / "veloxd" / "assets" / "tiny-llama"
+
+
+def test_there_are_a_demo_and_examples() -> None:
+    names = {p.relative_to(REPO / "configs").as_posix() for p in CONFIGS}
+    assert "veloxd.yaml" in names and len([n for n in names if n.startswith("examples/")]) >= 3
+
+
+@pytest.fixture(scope="module")
+def configs_copy(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """configs/ copied with owner-only write permission, next to the shipped model they point at."""
+    root = tmp_path_factory.mktemp("checkout")
+    shutil.copytree(REPO / "configs", root / "configs")
+    for path in (root / "configs").rglob("*.yaml"):
+        path.chmod(0o644)
+    (root / "veloxd" / "assets").mkdir(parents=True)
+    (root / "veloxd" / "assets" / "tiny-llama").symlink_to(SHIPPED_MODEL, target_is_directory=True)
+    return root / "configs"
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.relative_to(REPO / "configs").as_posix())
+def test_config_file_is_valid(path: Path, configs_copy: Path) -> None:
+    config = load_config(configs_copy / path.relative_to(REPO / "configs"))
+    assert config.servers
+    for entry in config.servers.values():
+        assert entry.method in registry.names() and entry.serve_argv()[:2] == ["--model", entry.model]
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.relative_to(REPO / "configs").as_posix())
+def test_modeline_points_at_the_schema_and_an_editor_agrees(path: Path) -> None:
+    first = path.read_text(encoding="utf-8").splitlines()[0]
+    assert first.startswith("# yaml-language-server: $schema=")
+    target = (path.parent / first.split("$schema=", 1)[1]).resolve()
+    assert target == SCHEMA_FILE.resolve()
+    schema = json.loads(SCHEMA_FILE.read_text(encoding="utf-8"))
+    assert list(jsonschema.Draft7Validator(schema).iter_errors(yaml.safe_load(path.read_text()))) == []
+
+
+def test_demo_runs_two_methods_on_the_tiny_model(configs_copy: Path) -> None:
+    demo = load_config(configs_copy / "veloxd.yaml")
+    assert [(e.port, e.method) for e in demo.servers.values()] == [(8181, "kivi"), (8182, "affine")]
+    assert {e.model for e in demo.servers.values()} == {str(configs_copy.parent / "veloxd" / "assets" / "tiny-llama")}

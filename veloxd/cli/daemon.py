@@ -1,0 +1,179 @@
+"""`veloxd run | status | reload | restart | logs`: argument handling only.
+
+Nothing heavy at import time; the daemon never imports mlx (its workers do).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import sys
+from pathlib import Path
+
+from veloxd import paths
+from veloxd.service.spec import DEFAULT_LABEL
+
+
+def _state_dir_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--state-dir", type=Path, help=f"the daemon's state directory (default {paths.default_state_dir()})")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "run",
+        help="run the daemon in the foreground: one supervised server per config entry",
+        description="Supervise one `veloxd serve` worker per entry of the config, follow edits of the file "
+        "(only changed entries restart), log JSON events. SIGHUP reloads; SIGTERM/SIGINT stop every "
+        "server and exit 0. A missing or invalid config does not stop the daemon: it waits for a valid one.",
+    )
+    p.add_argument("--config", type=Path, help=f"config file (default $VELOXD_CONFIG or {paths.default_config_path()})")
+    p.add_argument("--log-file", type=Path, help=f"JSON-lines log, size-rotated (default {paths.default_log_file()})")
+    _state_dir_arg(p)
+    p.add_argument(
+        "--worker-command",
+        metavar="CMD",
+        help="command that replaces `python -m veloxd serve` for every worker (split like a shell; the "
+        "entry's flags and --lifeline-fd N are appended), e.g. to wrap workers in a profiler",
+    )
+    p.set_defaults(func=run)
+
+    p = sub.add_parser("status", help="state of the daemon and of each server (and launchd's view)")
+    p.add_argument("--json", action="store_true", help="print the state file as JSON")
+    p.add_argument("--label", default=DEFAULT_LABEL, help=f"launchd label to report on (default {DEFAULT_LABEL})")
+    _state_dir_arg(p)
+    p.set_defaults(func=status)
+
+    p = sub.add_parser("reload", help="make the running daemon re-read its config now (as SIGHUP does)")
+    _state_dir_arg(p)
+    p.set_defaults(func=reload)
+
+    p = sub.add_parser("restart", help="stop and start one server (also leaves FATAL)")
+    p.add_argument("name", help="server name (a key under `servers:`)")
+    _state_dir_arg(p)
+    p.set_defaults(func=restart)
+
+    p = sub.add_parser("logs", help="print the daemon's JSON log, optionally one server's lines")
+    p.add_argument("--server", metavar="NAME", help="only lines whose `server` is NAME")
+    p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
+    p.add_argument("--lines", "-n", type=int, metavar="N", help="only the last N matching lines")
+    p.add_argument("--log-file", type=Path, help="log file (default: the running daemon's, else the default)")
+    _state_dir_arg(p)
+    p.set_defaults(func=logs)
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    return (args.state_dir or paths.default_state_dir()).expanduser()
+
+
+def run(args: argparse.Namespace) -> int:
+    from veloxd.daemon.daemon import Daemon, RunOptions
+    from veloxd.daemon.logs import configure_logging
+    from veloxd.daemon.process import default_worker_command
+    from veloxd.daemon.statefile import AlreadyRunning, acquire_lock, ensure_state_dir
+
+    config = (args.config or paths.default_config_path()).expanduser().absolute()
+    log_file = (args.log_file or paths.default_log_file()).expanduser().absolute()
+    state_dir = ensure_state_dir(_state_dir(args).absolute())
+    worker = shlex.split(args.worker_command) if args.worker_command else default_worker_command()
+    if not worker:
+        print("veloxd run: error: --worker-command is empty", file=sys.stderr)
+        return 2
+    try:
+        lock = acquire_lock(state_dir)
+    except AlreadyRunning as err:
+        print(f"veloxd run: error: {err}", file=sys.stderr)
+        return 1
+    try:
+        configure_logging(log_file)
+    except OSError as err:
+        print(f"veloxd run: error: cannot open the log file {log_file}: {err.strerror or err}", file=sys.stderr)
+        lock.close()
+        return 1
+    try:
+        return Daemon(RunOptions(config, log_file, state_dir, worker)).run()
+    finally:
+        lock.close()
+
+
+def status(args: argparse.Namespace) -> int:
+    from veloxd.daemon.statefile import read_state
+    from veloxd.daemon.views import daemon_alive, render_status
+    from veloxd.service.launchctl import format_status, launchd_status
+
+    # launchd first: a daemon that crashes at start under launchd never writes a state file.
+    launchd = launchd_status(args.label)  # None where there is no launchctl
+    state = read_state(_state_dir(args))
+    if args.json:
+        alive = daemon_alive(state) if state is not None else False
+        print(json.dumps({**(state or {}), "daemon_alive": alive, "launchd": launchd}, indent=2))
+        return 0 if alive else 1
+    if launchd is not None:
+        print(format_status(launchd))
+    if state is None:
+        print(f"veloxd status: no state file in {_state_dir(args)} (the daemon has not run)", file=sys.stderr)
+        return 1
+    print(render_status(state))
+    return 0 if daemon_alive(state) else 1
+
+
+def _ask(args: argparse.Namespace, payload: dict, command: str) -> dict | None:
+    from veloxd.daemon.control import DaemonUnreachable, request
+
+    try:
+        return request(_state_dir(args), payload)
+    except DaemonUnreachable as err:
+        print(f"veloxd {command}: error: {err}", file=sys.stderr)
+        return None
+
+
+def reload(args: argparse.Namespace) -> int:
+    answer = _ask(args, {"command": "reload"}, "reload")
+    if answer is None:
+        return 1
+    if answer.get("errors"):
+        for line in answer["errors"]:
+            print(line, file=sys.stderr)
+        print("veloxd reload: the config is invalid; every server keeps running on the last good one", file=sys.stderr)
+        return 1
+    if not answer.get("ok"):
+        print(f"veloxd reload: error: {answer.get('error')}", file=sys.stderr)
+        return 1
+    if answer.get("unchanged"):
+        print("config unchanged since the last reload: nothing to do")
+        return 0
+    plan = answer.get("plan") or {}
+    parts = [f"{key} {', '.join(plan[key])}" for key in ("added", "removed", "changed", "updated") if plan.get(key)]
+    print("reloaded: " + ("; ".join(parts) if parts else "no server affected"))
+    return 0
+
+
+def restart(args: argparse.Namespace) -> int:
+    answer = _ask(args, {"command": "restart", "name": args.name}, "restart")
+    if answer is None:
+        return 1
+    if not answer.get("ok"):
+        print(f"veloxd restart: error: {answer.get('error')}", file=sys.stderr)
+        return 1
+    print(f"restarting {args.name}")
+    return 0
+
+
+def logs(args: argparse.Namespace) -> int:
+    from collections import deque
+
+    from veloxd.daemon.statefile import read_state
+    from veloxd.daemon.views import follow, read_lines
+
+    recorded = ((read_state(_state_dir(args)) or {}).get("daemon") or {}).get("log_file")
+    log_file = (args.log_file or (Path(recorded) if recorded else paths.default_log_file())).expanduser()
+    lines = read_lines(log_file, args.server)
+    try:
+        for line in deque(lines, maxlen=args.lines) if args.lines is not None else lines:
+            print(line)
+        sys.stdout.flush()
+        if args.follow:
+            follow(log_file, args.server, sys.stdout)
+    except (KeyboardInterrupt, BrokenPipeError):
+        return 0
+    return 0
