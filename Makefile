@@ -9,7 +9,7 @@ BENCH_STAMP := $(VENV)/.installed-bench
 OPENBLAS := $(firstword $(wildcard /usr/lib/*/openblas-pthread/libblas.so.3))
 BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
 
-.PHONY: run test bench bench-quick bench-kv bench-daemon schema clean
+.PHONY: run test test-fast bench bench-quick bench-kv bench-daemon schema clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -24,8 +24,14 @@ $(BENCH_STAMP): $(STAMP)
 run: $(STAMP)
 	$(PY) -m veloxd.demo
 
+# Files run in parallel (-n auto); a module's tests stay on one worker, sharing its fixtures.
+PYTEST := $(PY) -m pytest -q -n auto --dist loadscope
+
 test: $(STAMP)
-	$(PY) -m pytest -q tests
+	$(PYTEST) tests
+
+test-fast: $(STAMP)
+	$(PYTEST) -m "not slow" tests
 
 schema: $(STAMP)
 	$(PY) -m veloxd schema > schemas/veloxd.schema.json

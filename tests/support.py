@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import urllib.request
@@ -81,7 +82,7 @@ class Worker:
 
         return wait_until(payload, timeout, what="VELOXD_READY")
 
-    def stop(self, timeout: float = 20) -> int:
+    def stop(self, timeout: float = 120) -> int:
         if self.proc.poll() is None:
             self.proc.terminate()
         try:
@@ -100,3 +101,32 @@ def http_json(url: str, body: dict | None = None, headers: dict[str, str] | None
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as err:
         return err.code, json.loads(err.read() or b"null")
+
+
+# Modules a light command (check, schema, status, ...) must never import: their absence, not a
+# duration, is what keeps those commands fast.
+HEAVY_MODULES = ("mlx", "mlx_lm", "transformers")
+
+_REPORT_IMPORTS = """
+import json, os, sys
+from veloxd.cli import main
+try:
+    code = main(sys.argv[1:])
+except SystemExit as done:
+    code = done.code
+finally:
+    heavy = sorted({m.split('.')[0] for m in sys.modules} & set(json.loads(os.environ['VELOXD_TEST_HEAVY'])))
+    with open(os.environ['VELOXD_TEST_IMPORTS'], 'w') as out:
+        json.dump(heavy, out)
+sys.exit(code)
+"""
+
+
+def run_reporting_imports(*args: str, timeout: float = 120) -> tuple[subprocess.CompletedProcess, list[str]]:
+    """Run `veloxd ARGS` in a fresh interpreter; return its result and the heavy modules it imported."""
+    with tempfile.TemporaryDirectory() as tmp:
+        report = Path(tmp) / "imports.json"
+        env = {**os.environ, "VELOXD_TEST_IMPORTS": str(report), "VELOXD_TEST_HEAVY": json.dumps(HEAVY_MODULES)}
+        done = subprocess.run([sys.executable, "-c", _REPORT_IMPORTS, *args], capture_output=True, text=True,
+                              timeout=timeout, cwd=REPO, env=env)
+        return done, json.loads(report.read_text())

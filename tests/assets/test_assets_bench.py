@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
 from benchmarks.data import PassKey, TokenizedCorpus, TrainingStream, is_held_out
 from benchmarks.pareto import front
+from tests.support import REPO
 
 
 def test_outlier_variant_keeps_logits_and_makes_keys_heavy_tailed(tiny_model) -> None:
@@ -38,7 +43,12 @@ def test_pareto_front_drops_dominated_points() -> None:
 def test_held_out_split_is_deterministic_and_small() -> None:
     names = [f"pkg/module_{i}.py" for i in range(2000)]
     held = [n for n in names if is_held_out(n)]
-    assert held == [n for n in names if is_held_out(n)]
+    # Deterministic across processes: a fresh interpreter with another hash seed picks the same files.
+    code = ("from benchmarks.data import is_held_out; names = [f'pkg/module_{i}.py' for i in range(2000)]; "
+            "print('\\n'.join(n for n in names if is_held_out(n)))")
+    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
+                           env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True)
+    assert other.stdout.split() == held
     assert 0.01 < len(held) / len(names) < 0.06
 
 
@@ -95,10 +105,10 @@ def test_kv_benchmark_pipeline_measures_writes_and_renders(tiny_model, tmp_path)
             assert 0.0 < row["kl_mean"] < 1.0 and row["stored_vs_fp16"] < 0.4
             assert 0.8 < row["resident_over_nbytes"] < 1.3
     evicted = rows[("tiny-llama", "streaming_llm-40")]
-    if "error" not in evicted:  # the eviction module may not have landed yet
-        assert evicted["stored_vs_fp16"] < 0.5
+    assert "error" not in evicted, evicted.get("error")
+    assert evicted["stored_vs_fp16"] < 0.5
     pngs = plots.render(result, tmp_path)
     assert pngs and all(p.stat().st_size > 10_000 for p in pngs)
     text = report.kv_section(result)
     assert "| `affine-4` |" in text and "Pareto front" in text
-    assert "## Results" in readme_section.render(result, contexts=(160,))
+    assert "# Results" in readme_section.render(result, contexts=(160,))

@@ -7,11 +7,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
+import psutil
+
 from tests.fixtures.daemon_harness import DaemonHarness, entry, pid_alive, wait_gone
-from tests.support import free_port
+from tests.support import free_port, wait_until
 
 
 def make_model_dir(path: Path) -> Path:
@@ -48,9 +49,9 @@ def test_degraded_start_then_model_watch_then_sigkill_leaves_no_worker(tmp_path:
         assert sorted(reloaded["plan"]["added"]) == ["hub", "local"]
         pids = {n: s["pid"] for n, s in h.wait_states({"hub": "ready", "local": "ready"}).items()}
 
-        maps = Path(f"/proc/{h.proc.pid}/maps")
-        if maps.exists():  # the daemon process itself never loads mlx (its workers do)
-            assert "mlx" not in maps.read_text()
+        # The daemon process itself never loads mlx (its workers do): no mlx library is mapped.
+        mapped = [region.path for region in psutil.Process(h.proc.pid).memory_maps()]
+        assert mapped and not [path for path in mapped if "mlx" in path]
 
         second = h.cli("run", "--config", str(h.config), "--log-file", str(tmp_path / "other.jsonl"), timeout=30)
         assert second.returncode == 1 and "another veloxd daemon" in second.stderr
@@ -65,10 +66,8 @@ def test_degraded_start_then_model_watch_then_sigkill_leaves_no_worker(tmp_path:
 
         workers = [p for p in after.values()]
         h.signal(signal.SIGKILL)
-        h.proc.wait(10)
-        killed_at = time.monotonic()
-        wait_gone(workers, 2.0)
-        assert time.monotonic() - killed_at < 2.0
+        h.proc.wait(120)
+        wait_gone(workers, 120)  # the lifeline pipe closed: each worker exits by itself (bench-daemon times it)
     finally:
         h.cleanup()
 
@@ -78,14 +77,15 @@ def test_next_daemon_ends_orphans_it_can_identify_and_spares_reused_pids(tmp_pat
     recorded pid whose start time does not match (a reused pid) is left alone."""
     h = DaemonHarness(tmp_path)
     port = free_port()
-    h.write({"a": entry(port, env={"FAKE_IGNORE_LIFELINE": "1"})})
+    seen = tmp_path / "lifeline-closed"
+    h.write({"a": entry(port, env={"FAKE_IGNORE_LIFELINE": "1", "FAKE_LIFELINE_SEEN": str(seen)})})
     bystander = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         h.start()
         orphan = h.wait_states({"a": "ready"})["a"]["pid"]
         h.signal(signal.SIGKILL)
-        h.proc.wait(10)
-        time.sleep(1.5)  # longer than the lifeline takes: this worker ignores it on purpose
+        h.proc.wait(120)
+        wait_until(seen.exists, 120, what="the worker to see its lifeline close")  # and ignore it, on purpose
         assert pid_alive(orphan)
 
         state = json.loads((h.state_dir / "state.json").read_text())

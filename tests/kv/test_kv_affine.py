@@ -14,7 +14,6 @@ from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.hadamard import Rotation, hadamard_block
 
 
-
 def cache(bits: int = 4, **fields) -> AffineCache:
     return AffineCache(KVCacheConfig(method="affine", bits=bits, **fields), LayerSpec(0, 1))
 

@@ -14,7 +14,6 @@ from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.kivi import KIVICache
 
 
-
 def kivi(bits: int = 4, group: int = 32, window: int = 128) -> KIVICache:
     config = KVCacheConfig(method="kivi", bits=bits, kivi_group_size=group, kivi_residual_length=window)
     return KIVICache(config, LayerSpec(0, 1))

@@ -149,14 +149,7 @@ servers:
 """
 
 
-def _require_loader() -> None:
-    config = pytest.importorskip("veloxd.config")
-    if not hasattr(config, "load_config"):
-        pytest.skip("veloxd.config.load_config is not built yet")
-
-
 def test_exit_timeout_follows_the_slowest_server_in_the_config(tmp_path: Path) -> None:
-    _require_loader()
     h = LaunchdHarness(tmp_path, config_text=TWO_SERVERS)
     done = h.install("--print")
     assert done.returncode == 0, done.stderr
@@ -165,7 +158,6 @@ def test_exit_timeout_follows_the_slowest_server_in_the_config(tmp_path: Path) -
 
 
 def test_an_invalid_config_warns_but_installs_with_the_default_grace(tmp_path: Path) -> None:
-    _require_loader()
     h = LaunchdHarness(tmp_path, config_text=TWO_SERVERS.replace("port: 8082", "port: 99999"))
     done = h.install()
     assert done.returncode == 0, done.stderr

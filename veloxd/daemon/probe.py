@@ -14,6 +14,8 @@ import subprocess
 import threading
 import time
 
+import psutil
+
 WILDCARDS = {"0.0.0.0": "127.0.0.1", "::": "::1", "": "127.0.0.1"}
 
 
@@ -48,7 +50,30 @@ def port_in_use(host: str, port: int) -> bool:
 
 
 def port_holder(port: int) -> str | None:
-    """'python3 (pid 123)' for the process listening on `port`, when lsof can tell cheaply."""
+    """'python3 (pid 123)' for the process listening on `port`, when the OS will tell.
+
+    psutil sees every socket on Linux; macOS refuses it a system-wide view without root, and
+    there lsof (always installed) still names the holder when it is the user's own process.
+    """
+    return _holder_by_psutil(port) or _holder_by_lsof(port)
+
+
+def _holder_by_psutil(port: int) -> str | None:
+    try:
+        connections = psutil.net_connections(kind="tcp")
+    except (psutil.Error, OSError):
+        return None
+    for conn in connections:
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            try:
+                name = psutil.Process(conn.pid).name()
+            except psutil.Error:
+                name = "unknown"
+            return f"{name} (pid {conn.pid})"
+    return None
+
+
+def _holder_by_lsof(port: int) -> str | None:
     lsof = shutil.which("lsof")
     if lsof is None:
         return None

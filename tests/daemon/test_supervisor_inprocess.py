@@ -1,0 +1,295 @@
+"""The supervisor and each server's state machine, in process, with a fake clock and a fake spawner.
+
+The spawner is the daemon's own seam (veloxd.daemon.server.Spawner): a recording stand-in replaces
+the process layer, while everything above it (ServerProcess, Supervisor, the plan, the restart
+policy) is the real code. Time is a number the test advances, so backoff, ready and stop timeouts
+are exercised in microseconds and exactly.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+import structlog
+from structlog.testing import capture_logs
+
+from tests.support import free_port
+from veloxd.config import Config
+from veloxd.config.model import ServerEntry
+from veloxd.config.plan import diff
+from veloxd.daemon import messages as m
+from veloxd.daemon.state import ServerState
+from veloxd.daemon.supervisor import Supervisor
+
+S = ServerState
+RESTART = {"max_failures": 3, "window_s": 600, "backoff_initial_s": 1.0, "backoff_max_s": 4.0}
+
+
+@dataclass
+class FakeChild:
+    """What ServerProcess reads of a worker: argv, pid, returncode, signals, last lines."""
+
+    argv: list[str]
+    pid: int
+    returncode: int | None = None
+    signals: list[int] = field(default_factory=list)
+    pgid: int = 0
+    start_time: str | None = None
+
+    def signal_group(self, signum: int) -> bool:
+        self.signals.append(signum)
+        return self.returncode is None
+
+    def last_lines(self) -> dict[str, list[str]]:
+        return {"stdout": [], "stderr": [f"worker {self.pid} said goodbye"]}
+
+
+class FakeSpawner:
+    """Records every spawn and health probe; the test decides what the 'worker' reports."""
+
+    def __init__(self) -> None:
+        self.children: list[tuple[str, int, FakeChild]] = []
+        self.probes: list[tuple[str, int]] = []
+
+    def spawn(self, name: str, spawn_id: int, entry: ServerEntry) -> FakeChild:
+        child = FakeChild(argv=["veloxd", "serve", *entry.serve_argv()], pid=1000 + len(self.children))
+        self.children.append((name, spawn_id, child))
+        return child
+
+    def probe_health(self, name: str, spawn_id: int, host: str, port: int, deadline: float) -> threading.Event:
+        self.probes.append((name, spawn_id))
+        return threading.Event()
+
+    def latest(self, name: str) -> tuple[int, FakeChild]:
+        spawn_id, child = next((s, c) for n, s, c in reversed(self.children) if n == name)
+        return spawn_id, child
+
+
+def make_entry(name: str, port: int, **extra: Any) -> ServerEntry:
+    data = {"model": "test/fake-model", "port": port, "method": "fp16", "ready_timeout_s": 30,
+            "stop_timeout_s": 5, "restart": dict(RESTART), **extra}
+    return ServerEntry.from_dict(name, data)
+
+
+def config_of(*entries: ServerEntry) -> Config:
+    return Config(version=1, servers={e.name: e for e in entries}, source="<test>", sha256="0" * 64)
+
+
+@pytest.fixture
+def events() -> Iterator[list[dict[str, Any]]]:
+    with capture_logs() as captured:
+        yield captured
+
+
+@pytest.fixture
+def spawner() -> FakeSpawner:
+    return FakeSpawner()
+
+
+@pytest.fixture
+def supervisor(spawner: FakeSpawner) -> Supervisor:
+    return Supervisor(spawner, structlog.get_logger("test"))  # type: ignore[arg-type]
+
+
+def bring_up(sup: Supervisor, spawner: FakeSpawner, name: str, now: float) -> FakeChild:
+    """Report READY line and health for the latest spawn of `name`."""
+    spawn_id, child = spawner.latest(name)
+    sup.on_message(m.ReadyLine(name, spawn_id, {"method": "fp16"}), now)
+    sup.on_message(m.Healthy(name, spawn_id), now)
+    return child
+
+
+def names_of(events: list[dict[str, Any]], event: str) -> list[str]:
+    return [e.get("server", "") for e in events if e["event"] == event]
+
+
+def test_start_ready_after_ready_line_and_health(supervisor, spawner, events) -> None:
+    a = make_entry("a", free_port())
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    assert supervisor.servers["a"].state is S.STARTING
+    spawn_id, _ = spawner.latest("a")
+    supervisor.on_message(m.ReadyLine("a", spawn_id, {"method": "fp16"}), 2.0)
+    assert supervisor.servers["a"].state is S.STARTING  # READY needs /health too
+    assert spawner.probes == [("a", spawn_id)]
+    supervisor.on_message(m.Healthy("a", spawn_id), 2.5)
+    assert supervisor.servers["a"].state is S.READY
+    ready = next(e for e in events if e["event"] == "server_ready")
+    assert ready["startup_s"] == 2.5 and ready["ready"] == {"method": "fp16"}
+
+
+def test_ready_timeout_kills_then_backs_off_with_doubling_delays_then_fatal(supervisor, spawner, events) -> None:
+    a = make_entry("a", free_port())
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    server = supervisor.servers["a"]
+    now = 0.0
+    delays = []
+    for attempt in range(3):
+        assert server.state is S.STARTING
+        assert server.next_deadline() == now + 30
+        now += 30
+        supervisor.tick(now)
+        spawn_id, child = spawner.latest("a")
+        assert child.signals == [signal.SIGKILL], f"attempt {attempt}"
+        child.returncode = -9
+        supervisor.on_message(m.ChildExited("a", spawn_id, -9), now)
+        if server.state is S.BACKOFF:
+            delays.append(server.next_deadline() - now)
+            now = server.next_deadline()
+            supervisor.tick(now)
+    assert delays == [1.0, 2.0]
+    assert server.state is S.FATAL
+    assert server.fatal_reason == "3 failures within 600s"
+    assert len(spawner.children) == 3
+    assert names_of(events, "server_ready_timeout") == ["a", "a", "a"]
+
+
+def test_exit_code_2_is_fatal_at_once_with_the_reason(supervisor, spawner, events) -> None:
+    a = make_entry("a", free_port())
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    spawn_id, child = spawner.latest("a")
+    child.returncode = 2
+    supervisor.on_message(m.ChildExited("a", spawn_id, 2), 1.0)
+    server = supervisor.servers["a"]
+    assert server.state is S.FATAL
+    assert server.fatal_reason is not None and "code 2" in server.fatal_reason
+    fatal = next(e for e in events if e["event"] == "server_fatal")
+    assert fatal["last_lines"]["stderr"] == [f"worker {child.pid} said goodbye"]
+
+
+def test_crash_after_ready_backs_off_and_the_next_start_is_a_new_spawn(supervisor, spawner) -> None:
+    a = make_entry("a", free_port())
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    first = bring_up(supervisor, spawner, "a", 1.0)
+    first.returncode = -11
+    supervisor.on_message(m.ChildExited("a", spawner.latest("a")[0], -11), 10.0)
+    server = supervisor.servers["a"]
+    assert server.state is S.BACKOFF and server.next_deadline() == 11.0
+    supervisor.tick(10.999)
+    assert server.state is S.BACKOFF  # not a moment early
+    supervisor.tick(11.0)
+    assert server.state is S.STARTING and len(spawner.children) == 2
+    assert server.snapshot()["restarts"] == 1
+
+
+def test_reports_from_an_old_spawn_are_ignored(supervisor, spawner) -> None:
+    a = make_entry("a", free_port())
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    old_id, old = spawner.latest("a")
+    old.returncode = 1
+    supervisor.on_message(m.ChildExited("a", old_id, 1), 1.0)
+    supervisor.tick(2.0)  # backoff over: second spawn
+    new_id, _ = spawner.latest("a")
+    assert new_id != old_id
+    supervisor.on_message(m.ReadyLine("a", old_id, {}), 2.1)
+    supervisor.on_message(m.Healthy("a", old_id), 2.2)
+    supervisor.on_message(m.ChildExited("a", old_id, 1), 2.3)
+    assert supervisor.servers["a"].state is S.STARTING
+
+
+def test_stop_sends_sigterm_then_sigkill_after_stop_timeout(supervisor, spawner, events) -> None:
+    a = make_entry("a", free_port())
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    child = bring_up(supervisor, spawner, "a", 1.0)
+    supervisor.stop_all(100.0)
+    server = supervisor.servers["a"]
+    assert server.state is S.STOPPING and child.signals == [signal.SIGTERM]
+    supervisor.tick(104.9)
+    assert child.signals == [signal.SIGTERM]
+    supervisor.tick(105.0)
+    assert child.signals == [signal.SIGTERM, signal.SIGKILL]
+    assert names_of(events, "server_killed") == ["a"]
+    child.returncode = -9
+    supervisor.on_message(m.ChildExited("a", spawner.latest("a")[0], -9), 105.1)
+    assert server.state is S.STOPPED and supervisor.all_stopped()
+
+
+def test_reload_restarts_only_the_changed_entry_after_its_old_worker_exits(supervisor, spawner, events) -> None:
+    a, b = make_entry("a", free_port()), make_entry("b", free_port())
+    supervisor.apply(diff(None, config_of(a, b)), {"a": a, "b": b}, now=0.0)
+    child_a, child_b = bring_up(supervisor, spawner, "a", 1.0), bring_up(supervisor, spawner, "b", 1.0)
+    current = config_of(a, b)
+    b2 = make_entry("b", b.port, method="kivi", bits=2)
+    desired = config_of(a, b2)
+    plan = diff(current, desired)
+    assert set(plan.changed) == {"b"} and plan.unchanged == ("a",)
+    supervisor.apply(plan, dict(desired.servers), now=5.0)
+    assert child_a.signals == [] and child_b.signals == [signal.SIGTERM]
+    assert len(spawner.children) == 2  # the new b waits until the old b is gone (port, memory)
+    assert supervisor.busy
+    child_b.returncode = 0
+    supervisor.on_message(m.ChildExited("b", spawner.latest("b")[0], 0), 6.0)
+    assert not supervisor.busy
+    assert len(spawner.children) == 3
+    name, _, new_b = spawner.children[-1]
+    assert name == "b" and "kivi" in new_b.argv
+    assert supervisor.servers["a"].child is child_a and supervisor.servers["a"].state is S.READY
+
+
+def test_live_only_change_updates_in_place_without_a_restart(supervisor, spawner) -> None:
+    a = make_entry("a", free_port())
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    child = bring_up(supervisor, spawner, "a", 1.0)
+    a2 = make_entry("a", a.port, description="now with a description", stop_timeout_s=9)
+    plan = diff(config_of(a), config_of(a2))
+    assert set(plan.updated) == {"a"} and not plan.changed
+    supervisor.apply(plan, {"a": a2}, now=2.0)
+    server = supervisor.servers["a"]
+    assert server.child is child and child.signals == [] and server.entry.stop_timeout_s == 9
+    assert len(spawner.children) == 1
+
+
+def test_any_edit_of_a_fatal_entry_starts_it_again(supervisor, spawner) -> None:
+    a = make_entry("a", free_port())
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    spawn_id, child = spawner.latest("a")
+    child.returncode = 2
+    supervisor.on_message(m.ChildExited("a", spawn_id, 2), 1.0)
+    assert supervisor.servers["a"].state is S.FATAL
+    a2 = make_entry("a", a.port, ready_timeout_s=60)  # a live-only key: still the user acting on it
+    supervisor.apply(diff(config_of(a), config_of(a2)), {"a": a2}, now=2.0)
+    server = supervisor.servers["a"]
+    assert server.state is S.STARTING and server.fatal_reason is None and len(spawner.children) == 2
+
+
+def test_restart_of_a_fatal_server_clears_its_failures(supervisor, spawner) -> None:
+    a = make_entry("a", free_port())
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    spawn_id, child = spawner.latest("a")
+    child.returncode = 2
+    supervisor.on_message(m.ChildExited("a", spawn_id, 2), 1.0)
+    supervisor.restart(["a"], "restart_command", now=3.0)
+    server = supervisor.servers["a"]
+    assert server.state is S.STARTING and server.failures == [] and len(spawner.children) == 2
+
+
+def test_removed_entry_is_stopped_and_dropped(supervisor, spawner) -> None:
+    a, b = make_entry("a", free_port()), make_entry("b", free_port())
+    supervisor.apply(diff(None, config_of(a, b)), {"a": a, "b": b}, now=0.0)
+    bring_up(supervisor, spawner, "a", 1.0)
+    child_b = bring_up(supervisor, spawner, "b", 1.0)
+    supervisor.apply(diff(config_of(a, b), config_of(a)), {"a": a}, now=2.0)
+    assert "b" in supervisor.servers and child_b.signals == [signal.SIGTERM]
+    child_b.returncode = 0
+    supervisor.on_message(m.ChildExited("b", spawner.latest("b")[0], 0), 3.0)
+    assert set(supervisor.servers) == {"a"}
+
+
+def test_a_port_taken_by_a_stranger_is_fatal_without_spawning(supervisor, spawner) -> None:
+    import socket
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen()
+    try:
+        a = make_entry("a", holder.getsockname()[1])
+        supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+        server = supervisor.servers["a"]
+        assert server.state is S.FATAL and spawner.children == []
+        assert server.fatal_reason is not None and str(a.port) in server.fatal_reason
+    finally:
+        holder.close()
