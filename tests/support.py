@@ -63,13 +63,16 @@ class Worker:
         )
         self.stdout: list[str] = []
         self.stderr: list[str] = []
-        for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr)):
-            threading.Thread(target=self._drain, args=(stream, sink), daemon=True).start()
+        self._drains = [threading.Thread(target=self._drain, args=(stream, sink), daemon=True)
+                        for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))]
+        for drain in self._drains:
+            drain.start()
 
     @staticmethod
     def _drain(stream: Any, sink: list[str]) -> None:
-        for line in stream:
-            sink.append(line.rstrip("\n"))
+        with stream:  # closed at EOF: the worker and every process that inherited the pipe are gone
+            for line in stream:
+                sink.append(line.rstrip("\n"))
 
     def ready(self, timeout: float = 120) -> dict[str, Any]:
         def payload() -> dict[str, Any] | None:
@@ -86,10 +89,17 @@ class Worker:
         if self.proc.poll() is None:
             self.proc.terminate()
         try:
-            return self.proc.wait(timeout)
+            code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, 9)
-            return self.proc.wait(5)
+            code = self.proc.wait(timeout)
+        self.join_output(timeout)
+        return code
+
+    def join_output(self, timeout: float = 120) -> None:
+        """Wait until both pipes reached EOF (and are closed)."""
+        for drain in self._drains:
+            drain.join(timeout)
 
 
 def http_json(url: str, body: dict | None = None, headers: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, Any]:

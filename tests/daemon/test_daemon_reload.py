@@ -192,6 +192,7 @@ def test_cli_restart_status_and_logs(daemon: DaemonHarness) -> None:
     finally:
         follower.terminate()
         follower.wait(120)
+        follower.stdout.close()
 
 
 def test_removing_adding_and_swapping_ports_stops_before_starting(daemon: DaemonHarness) -> None:

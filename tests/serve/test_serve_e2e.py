@@ -99,6 +99,7 @@ def test_sigterm_stops_cleanly(tiny_model):
     worker.ready()
     worker.proc.send_signal(signal.SIGTERM)
     assert worker.proc.wait(120) == 0
+    worker.join_output()
 
 
 def test_lifeline_eof_makes_the_worker_exit(tiny_model):
@@ -116,6 +117,7 @@ def test_lifeline_eof_makes_the_worker_exit(tiny_model):
     assert proc.stdout.readline().startswith("VELOXD_READY ")
     os.close(write_fd)
     assert proc.wait(120) == 0
+    proc.stdout.close()
 
 
 def test_bearer_auth_guards_everything_but_health(tiny_model):
@@ -149,6 +151,7 @@ def test_unservable_model_type_exits_2_without_serving(tmp_path, tiny_model):
     (model / "config.json").write_text(json.dumps(config))
     worker = Worker("--model", str(model), "--method", "affine", "--port", str(free_port()))
     assert worker.proc.wait(120) == 2
+    worker.join_output()
     wait_until(lambda: any("model type 'plamo2'" in line for line in worker.stderr), 120, what="refusal message")
     assert any("mlx_lm.models.plamo2" in line for line in worker.stderr)
     assert not any(line.startswith("VELOXD_READY") for line in worker.stdout)

@@ -14,9 +14,9 @@ from veloxd.kv.config import settings
 def render_markdown() -> str:
     """docs/reference.md's generated section: `veloxd schema --docs`."""
     return "\n".join([
-        "### KV-cache methods", "", methods_table(), "",
-        "### KV-cache settings (`bits`, `seed`, and `overrides`)", "", fields_table(), "",
-        "### Server entry keys", "", entry_keys_table(), "",
+        "## KV-cache methods", "", methods_table(), "",
+        "## KV-cache settings (`bits`, `seed`, and `overrides`)", "", fields_table(), "",
+        "## Server entry keys", "", entry_keys_table(), "",
     ])
 
 

@@ -50,7 +50,7 @@ class ConfigError(Exception):
         super().__init__("\n".join(str(i) for i in self.issues))
 
 
-def one_line(text: str, limit: int = 200) -> str:
-    """Collapse whitespace and cap the length, so every message fits on one line."""
+def one_line(text: str, limit: int = 1000) -> str:
+    """Collapse whitespace and cap the length (generous: a message names paths, which may be long)."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
