@@ -104,6 +104,15 @@ def bring_up(sup: Supervisor, spawner: FakeSpawner, name: str, now: float) -> Fa
     return child
 
 
+def start_and_exit_with_code_2(sup: Supervisor, spawner: FakeSpawner, entry: ServerEntry) -> FakeChild:
+    """Start `entry` at t=0; its worker exits with code 2 (invalid input) at t=1."""
+    sup.apply(diff(None, config_of(entry)), {entry.name: entry}, now=0.0)
+    spawn_id, child = spawner.latest(entry.name)
+    child.returncode = 2
+    sup.on_message(m.ChildExited(entry.name, spawn_id, 2), 1.0)
+    return child
+
+
 def names_of(events: list[dict[str, Any]], event: str) -> list[str]:
     return [e.get("server", "") for e in events if e["event"] == event]
 
@@ -150,10 +159,7 @@ def test_ready_timeout_kills_then_backs_off_with_doubling_delays_then_fatal(supe
 
 def test_exit_code_2_is_fatal_at_once_with_the_reason(supervisor, spawner, events) -> None:
     a = make_entry("a", free_port())
-    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
-    spawn_id, child = spawner.latest("a")
-    child.returncode = 2
-    supervisor.on_message(m.ChildExited("a", spawn_id, 2), 1.0)
+    child = start_and_exit_with_code_2(supervisor, spawner, a)
     server = supervisor.servers["a"]
     assert server.state is S.FATAL
     assert server.fatal_reason is not None and "code 2" in server.fatal_reason
@@ -245,10 +251,7 @@ def test_live_only_change_updates_in_place_without_a_restart(supervisor, spawner
 
 def test_any_edit_of_a_fatal_entry_starts_it_again(supervisor, spawner) -> None:
     a = make_entry("a", free_port())
-    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
-    spawn_id, child = spawner.latest("a")
-    child.returncode = 2
-    supervisor.on_message(m.ChildExited("a", spawn_id, 2), 1.0)
+    start_and_exit_with_code_2(supervisor, spawner, a)
     assert supervisor.servers["a"].state is S.FATAL
     a2 = make_entry("a", a.port, ready_timeout_s=60)  # a live-only key: still the user acting on it
     supervisor.apply(diff(config_of(a), config_of(a2)), {"a": a2}, now=2.0)
@@ -258,10 +261,7 @@ def test_any_edit_of_a_fatal_entry_starts_it_again(supervisor, spawner) -> None:
 
 def test_restart_of_a_fatal_server_clears_its_failures(supervisor, spawner) -> None:
     a = make_entry("a", free_port())
-    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
-    spawn_id, child = spawner.latest("a")
-    child.returncode = 2
-    supervisor.on_message(m.ChildExited("a", spawn_id, 2), 1.0)
+    start_and_exit_with_code_2(supervisor, spawner, a)
     supervisor.restart(["a"], "restart_command", now=3.0)
     server = supervisor.servers["a"]
     assert server.state is S.STARTING and server.failures == [] and len(spawner.children) == 2
