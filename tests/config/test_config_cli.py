@@ -100,7 +100,7 @@ def test_schema_command_prints_the_checked_in_schema_and_docs() -> None:
     assert done.returncode == 0
     assert done.stdout == (REPO / "schemas" / "veloxd.schema.json").read_text(encoding="utf-8")
     done = veloxd("schema", "--docs")
-    assert done.returncode == 0 and "### KV-cache methods" in done.stdout and "| `kivi` |" in done.stdout
+    assert done.returncode == 0 and "## KV-cache methods" in done.stdout and "| `kivi` |" in done.stdout
 
 
 def test_plan_without_a_daemon(tmp_path: Path) -> None:

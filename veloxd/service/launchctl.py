@@ -84,13 +84,18 @@ def enable(label: str) -> Result:
     return run("enable", service_target(label))
 
 
-def bootstrap_with_retry(plist_path: str, deadline_s: float, sleep: Callable[[float], None] = time.sleep) -> tuple[Result, int]:
+def bootstrap_with_retry(
+    plist_path: str,
+    deadline_s: float,
+    sleep: Callable[[float], None] = time.sleep,
+    clock: Callable[[], float] = time.monotonic,
+) -> tuple[Result, int]:
     """Bootstrap, retrying only the transient post-bootout failures until the deadline. Returns (result, retries)."""
-    give_up_at = time.monotonic() + deadline_s
+    give_up_at = clock() + deadline_s
     retries = 0
     while True:
         result = run("bootstrap", domain(), plist_path)
-        if result.ok or not is_transient_bootstrap_failure(result) or time.monotonic() >= give_up_at:
+        if result.ok or not is_transient_bootstrap_failure(result) or clock() >= give_up_at:
             return result, retries
         retries += 1
         sleep(RETRY_INTERVAL_S)
