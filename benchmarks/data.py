@@ -115,7 +115,7 @@ class PassKey:
         """(prompt ids ending with the question, answer ids) with the key at `depth` (0..1) of `length`."""
         intro = self.intro(key)
         room = length - len(intro) - len(self.question)
-        cut = int(round(room * depth))
+        cut = round(room * depth)
         before, after = filler[:cut], filler[cut:room]
         return np.concatenate([before, intro, after, self.question]), self.answer(key)
 

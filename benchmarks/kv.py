@@ -11,6 +11,7 @@ import argparse
 import json
 import time
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -91,7 +92,7 @@ def measure_context(variants: list[BenchModel], arms: list[arm_defs.Arm], window
                 if samples.error:
                     continue
                 try:
-                    run = run_document(variant.model, lambda: arm.make_caches(variant.model), tokens, prompt_len)
+                    run = run_document(variant.model, partial(arm.make_caches, variant.model), tokens, prompt_len)
                 except Exception as error:  # a method under construction must not stop the run
                     samples.error = f"{type(error).__name__}: {error}"
                     log("arm_failed", arm=arm.label, variant=variant.name, error=samples.error)
@@ -139,7 +140,7 @@ def passkey_rows(variants: list[BenchModel], arms: list[arm_defs.Arm], plan: Pla
                 log("passkey_skipped", arm=arm.label, variant=variant.name, fp16_accuracy=reference.get("accuracy"))
                 continue
             try:
-                result = accuracy_by_depth(variant.model, lambda: arm.make_caches(variant.model), cases)
+                result = accuracy_by_depth(variant.model, partial(arm.make_caches, variant.model), cases)
             except Exception as error:
                 result = {"error": f"{type(error).__name__}: {error}"}
             rows.append({"variant": variant.name, "context": length, **arm.to_dict(), **result})

@@ -92,7 +92,7 @@ def evaluate(path: Path, windows: int = 12, passkey_keys: int = 4) -> dict[str, 
     probe = mx.array(eval_windows[0][:512])[None]  # (1, 512)
     return {
         "provenance": provenance(path),
-        "held_out_tokens": int(len(targets)),
+        "held_out_tokens": len(targets),
         "held_out_windows": len(eval_windows),
         "held_out_files": len(held_out.docs),
         "held_out_nll": float(all_nll.mean()),

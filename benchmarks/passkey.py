@@ -7,7 +7,8 @@ tokens equal the key's tokens exactly. Same prompt format as the training segmen
 from __future__ import annotations
 
 import random
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import mlx.core as mx
 import numpy as np

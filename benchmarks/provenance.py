@@ -33,7 +33,7 @@ def provenance(model_path: Path | None = None) -> dict[str, Any]:
     import mlx_lm
 
     info = {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": f"{cpu_name()}, {os.cpu_count()} cores ({platform.system()} {platform.machine()})",
         "shared_cores": True,
         "mlx": mx.__version__,

@@ -124,7 +124,7 @@ def summarize(samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
             row[key] = statistics.median(values) if values else None
         out[label] = row
     plain = out.get("mlx_lm.server", {})
-    for label, row in out.items():
+    for row in out.values():
         for key, base_key in (("ready_vs_plain_first_answer", "first_answer_s"), ("first_answer_vs_plain", "first_answer_s"),
                               ("throughput_1_vs_plain", "tokens_per_s_1"), ("throughput_4_vs_plain", "tokens_per_s_4")):
             mine = row.get("ready_s" if key.startswith("ready") else base_key)

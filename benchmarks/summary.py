@@ -47,7 +47,7 @@ def quality(samples: Samples) -> dict[str, Any]:
         "top1_agreement": float(joined["top1"].mean()),
         "ppl_ratio": float(np.exp(joined["nll"].mean() - joined["nll_ref"].mean())),
         "nll": float(joined["nll"].mean()),
-        "positions": int(len(joined["kl"])),
+        "positions": len(joined["kl"]),
         "next_token_accuracy": float(joined["correct"].mean()),
         # Targets only the evicted-early part of the prompt holds (measure.far_positions).
         "far_positions": int(joined["far"].sum()),

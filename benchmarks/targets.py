@@ -76,5 +76,5 @@ def targets_section(report: dict[str, Any], serving: dict[str, Any] | None = Non
                        f"{', '.join(f'{v:.0%} ({k})' for k, v in reference.items())} of the keys, so the methods were not "
                        "run (see the older-only token accuracy instead)")
     if serving:
-        out += ["", f"Serving: see the serving table (cold start and throughput ratios vs mlx_lm.server)."]
+        out += ["", "Serving: see the serving table (cold start and throughput ratios vs mlx_lm.server)."]
     return "\n".join(out) + "\n"

@@ -35,7 +35,7 @@ def queries(n: int, seed: int, batch: int = 1) -> mx.array:
     return mx.random.normal((batch, Q_HEADS, n, DIM), key=mx.random.key(seed))
 
 
-def new_cache(config: KVCacheConfig, layer_index: int = 0):  # noqa: ANN201 - the method's cache class
+def new_cache(config: KVCacheConfig, layer_index: int = 0):
     return cache_class(config.method)(config, LayerSpec(layer_index, 4))
 
 

@@ -97,7 +97,7 @@ def test_registry_flags_are_honest_values():
         assert info.storage in ("fp16", "packed", "evicted")
         assert info.trimmable in ("yes", "until_eviction", "no")
         assert info.paper
-        assert ("fp16" == info.storage) == (name == "fp16")
+        assert (info.storage == "fp16") == (name == "fp16")
         if info.family == "eviction":
             assert info.storage == "evicted" and info.trimmable == "until_eviction"
 

@@ -21,12 +21,13 @@ CONFIGS = {
     "tova": dict(tova_budget=32),
     "h2o": dict(h2o_budget=32, h2o_window=8),
 }
+ONE_LAYER = LayerSpec(0, 1)
 WINDOW = {"streaming_llm": 28, "knorm": 8, "snapkv": 8, "h2o": 8, "tova": 0}
 # Prefill chunks, decode steps, a second prompt chunk, more decode: every kind of step.
 SCHEDULE = [20, 1, 1, 30, 5] + [1] * 40 + [17] + [1] * 12
 
 
-def make(method: str, layer: LayerSpec = LayerSpec(0, 1), **overrides):
+def make(method: str, layer: LayerSpec = ONE_LAYER, **overrides):
     config = KVCacheConfig(method=method, **{**CONFIGS[method], **overrides})
     return cache_class(method)(config, layer)
 

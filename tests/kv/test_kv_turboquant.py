@@ -49,7 +49,7 @@ def test_measured_distortion_on_rotated_unit_vectors(bits):
 
 
 def test_bad_bit_widths_are_refused():
-    with pytest.raises(ValueError, match="1..5 bits"):
+    with pytest.raises(ValueError, match=r"1\.\.5 bits"):
         codebooks.lloyd_max(128, 6)
     with pytest.raises(ValueError, match=">= 3"):
         codebooks.uniform(2, 2)
@@ -142,8 +142,8 @@ def test_prod_scores_are_unbiased_where_mse_at_one_bit_less_is_shrunk():
             store = codec.encode(keys, keys)
             rotated_q = codec.rotate_queries(q[0]).reshape(1, 1, 1, 1, -1)  # [B, Hkv, R, L, d (+ d)]
             errors[method].append(codec.scores(rotated_q, store)[0, 0, 0, 0] - exact)
-    for method, chunks in errors.items():
-        per_layer = mx.stack([e.mean() for e in chunks])  # layers are independent draws
+    for method, layer_errors in errors.items():
+        per_layer = mx.stack([e.mean() for e in layer_errors])  # layers are independent draws
         mean, stderr = per_layer.mean().item(), (per_layer.std() / math.sqrt(layers)).item()
         errors[method] = (mean, stderr)
     prod_mean, prod_se = errors["turboquant_prod"]

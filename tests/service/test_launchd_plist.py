@@ -112,7 +112,7 @@ def test_plistlib_round_trip_is_exact(installed: tuple[LaunchdHarness, dict, sub
 
 
 def test_checked_in_template_matches_the_code() -> None:
-    assert TEMPLATE_PATH == REPO / "launchd" / f"{LABEL}.plist.template"
+    assert REPO / "launchd" / f"{LABEL}.plist.template" == TEMPLATE_PATH
     assert TEMPLATE_PATH.read_text() == template_text(), "run `python -m veloxd.service.plist` to regenerate"
     assert plistlib.loads(TEMPLATE_PATH.read_bytes()) == render_plist(template_spec())
 

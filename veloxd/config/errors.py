@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass
-from typing import Any, Iterable
+from typing import Any
 
 PathParts = tuple[Any, ...]  # ("servers", "coder", "overrides", "kivi_group_size") or list indices
 

@@ -7,8 +7,9 @@ Also the worker command line of an entry (`serve_argv`), what a restart depends 
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any
 
 from veloxd.config.units import SIZE_HELP, SIZE_PATTERN, parse_size
 from veloxd.kv import registry

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Sequence
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any
 
 from veloxd.config.model import NAME_PATTERN, VERSION, ServerEntry, yaml_fields
 from veloxd.kv import registry

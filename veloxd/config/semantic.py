@@ -5,8 +5,9 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from veloxd.config.model import RestartPolicy, ServerEntry
 from veloxd.config.units import parse_size

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from jsonschema import Draft7Validator
 from jsonschema.exceptions import ValidationError
@@ -14,7 +15,7 @@ from veloxd.config.schema import OWN_KEYS, default_schema
 from veloxd.config.units import SIZE_HELP
 from veloxd.config.yaml_nodes import Span
 from veloxd.kv import registry
-from veloxd.kv.config import did_you_mean, owners, override_fields_for, settings
+from veloxd.kv.config import did_you_mean, override_fields_for, owners, settings
 
 YAML11_BOOLEANS = ("yes", "no", "on", "off", "y", "n")
 _EXPECTED = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",

@@ -23,7 +23,7 @@ from veloxd.kv.base import Stored, VeloxCache
 _original = mlx_base.scaled_dot_product_attention
 
 
-def dispatch_attention(queries, keys, values, cache, scale, mask, sinks=None):  # noqa: ANN001
+def dispatch_attention(queries, keys, values, cache, scale, mask, sinks=None):
     """Drop-in for mlx_lm's scaled_dot_product_attention (same signature)."""
     if isinstance(cache, VeloxCache):
         if sinks is not None:

@@ -14,7 +14,7 @@ figure the paper reports: Lloyd-Max ≈ 0.363, 0.117, 0.035, 0.0095 for b = 1..4
 from __future__ import annotations
 
 from dataclasses import dataclass
-from functools import lru_cache
+from functools import cache
 
 import numpy as np
 
@@ -81,7 +81,7 @@ def _check_bits(bits: int) -> None:
         raise ValueError(f"codebooks exist for 1..{MAX_BITS} bits, not {bits}")
 
 
-@lru_cache(maxsize=None)
+@cache
 def _law(dim: int) -> _Law:
     return _Law(dim)
 
@@ -93,7 +93,7 @@ def _codebook(dim: int, bits: int, z_levels: np.ndarray) -> Codebook:
     return Codebook(dim, bits, levels, _midpoints(levels), law.distortion(z_levels))
 
 
-@lru_cache(maxsize=None)
+@cache
 def lloyd_max(dim: int, bits: int) -> Codebook:
     """Lloyd-Max (MSE-optimal) codebook: alternate nearest-level cells and cell centroids."""
     _check_bits(bits)
@@ -113,7 +113,7 @@ def lloyd_max(dim: int, bits: int) -> Codebook:
     return _codebook(dim, bits, z_levels)
 
 
-@lru_cache(maxsize=None)
+@cache
 def uniform(dim: int, bits: int) -> Codebook:
     """Best evenly spaced codebook: levels step * (i - (2^b - 1) / 2), step minimizing MSE."""
     _check_bits(bits)

@@ -84,7 +84,7 @@ def column_mass(
     query_weight [B, L] (0 for padding). Queries run in blocks so that at most `max_elements`
     weights are alive at once: prefill memory is bounded by the block, not by L x S.
     """
-    B, n_q, L, _ = queries.shape
+    _, n_q, L, _ = queries.shape
     S = keys.shape[2]
     block = max(1, max_elements // max(1, n_q * S))
     outs: list[mx.array] = []

@@ -10,6 +10,7 @@ scores. Padding is nothing but free slots (position EMPTY), so `finalize` needs 
 from __future__ import annotations
 
 import functools
+from collections.abc import Mapping
 from typing import Any
 
 import mlx.core as mx
@@ -43,7 +44,7 @@ def stack_slots(parts: list[tuple[dict[str, mx.array], int]]) -> dict[str, mx.ar
     return {name: mx.concatenate([p[name] for p in padded], axis=0) for name in template}
 
 
-def stack_rows(parts: list[tuple[dict[str, mx.array], int]], fill: dict[str, int]) -> dict[str, mx.array]:
+def stack_rows(parts: list[tuple[dict[str, mx.array], int]], fill: Mapping[str, int]) -> dict[str, mx.array]:
     """Concatenate per-row arrays (no slot axis) along the batch axis; missing ones are `fill`."""
     template = next((d for d, _ in parts if d), None)
     if template is None:

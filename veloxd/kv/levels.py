@@ -16,7 +16,7 @@ and the dequantized levels held at once are bounded by one chunk.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from functools import lru_cache
+from functools import cache
 
 import mlx.core as mx
 import numpy as np
@@ -54,8 +54,8 @@ def _unpack(packed: mx.array, bits: int) -> mx.array:
     return codes.reshape(*packed.shape[:-1], -1).astype(mx.float32)
 
 
-@lru_cache(maxsize=None)
-def _odd_decoder(bits: int, coefficients: tuple[float, ...]):  # noqa: ANN202 - an mx.compile'd function
+@cache
+def _odd_decoder(bits: int, coefficients: tuple[float, ...]):
     """packed -> levels: unpack, centre, odd Horner in u^2, fused into one kernel by mx.compile."""
     centre = (2**bits - 1) / 2
 
@@ -70,8 +70,8 @@ def _odd_decoder(bits: int, coefficients: tuple[float, ...]):  # noqa: ANN202 - 
     return mx.compile(decode)
 
 
-@lru_cache(maxsize=None)
-def _signed_decoder(bits: int, coefficients: tuple[float, ...]):  # noqa: ANN202 - an mx.compile'd function
+@cache
+def _signed_decoder(bits: int, coefficients: tuple[float, ...]):
     """(packed magnitudes, packed signs) -> levels = sign * P(magnitude), one fused kernel."""
     centre = (2 ** (bits - 1) - 1) / 2
 

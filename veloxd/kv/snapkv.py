@@ -20,14 +20,17 @@ holds only the stashed queries before the cut until new ones arrive.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import mlx.core as mx
 
 from veloxd.kv import eviction_attention as attention
 from veloxd.kv.base import LayerSpec, register_cache_class
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.eviction import EvictionCache, Step
-from veloxd.kv.eviction_slots import EMPTY
 from veloxd.kv.eviction_batch import Batchable
+from veloxd.kv.eviction_slots import EMPTY
 
 
 def pyramid_budgets(budget: int, window: int, n_layers: int, beta: int) -> list[int]:
@@ -58,7 +61,7 @@ class SnapKVCache(Batchable, EvictionCache):
     """Per-slot "obs": weight received from the current decode window's queries."""
 
     row_lists = (*EvictionCache.row_lists, "prefilling", "filled")
-    row_fill = {"stash_pos": -1}
+    row_fill: ClassVar[Mapping[str, int]] = {"stash_pos": -1}
     _scale = 1.0  # the layer's attention scale, seen in attend (stash scoring reuses it)
 
     def __init__(self, config: KVCacheConfig, layer: LayerSpec) -> None:

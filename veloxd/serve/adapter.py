@@ -116,7 +116,7 @@ def handler_class(model_id: str, accepted_names: set[str], api_key: str | None) 
             body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
             self.wfile.write(json.dumps(body).encode())
 
-        def do_GET(self) -> None:  # noqa: N802 (http.server naming)
+        def do_GET(self) -> None:
             if not self._authorized():
                 return
             if self.path.split("?")[0].rstrip("/") in ("/v1/models", f"/v1/models/{model_id}"):
@@ -127,7 +127,7 @@ def handler_class(model_id: str, accepted_names: set[str], api_key: str | None) 
                 return
             super().do_GET()
 
-        def do_POST(self) -> None:  # noqa: N802
+        def do_POST(self) -> None:
             if self._authorized():
                 super().do_POST()
 
@@ -153,7 +153,7 @@ def handler_class(model_id: str, accepted_names: set[str], api_key: str | None) 
                 return
             super().handle_completion(request, stop_words)
 
-        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+        def log_message(self, format: str, *args: Any) -> None:
             pass  # request lines stay out of the daemon's log; mlx_lm logs what matters
 
     return VeloxHandler

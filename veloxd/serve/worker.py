@@ -7,6 +7,7 @@ thread died (worth a restart).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -41,10 +42,8 @@ class Stopper:
                 return
             self.code = code
         if message:
-            try:
+            with contextlib.suppress(OSError):  # the daemon died and nobody reads stderr (EPIPE): still stop
                 print(f"veloxd serve: {message}", file=sys.stderr, flush=True)
-            except OSError:
-                pass  # the daemon died and nobody reads stderr (EPIPE): still stop
         if self.handle is not None:
             threading.Thread(target=self.handle.httpd.shutdown, daemon=True).start()
 

@@ -12,6 +12,7 @@ from veloxd.service.runner import COMMAND_TIMEOUT_S, CommandError, Result, run_t
 from veloxd.service.spec import AgentSpec
 from veloxd.service.unit import render_unit, unit_name, unit_path
 
+
 def available() -> bool:
     return shutil.which("systemctl") is not None
 
