@@ -50,7 +50,7 @@ def run_check(args: argparse.Namespace) -> int:
     valid = result.config is not None
     if args.json:
         print(json.dumps({"valid": valid, "errors": [i.to_dict() for i in result.issues]}, indent=2))
-    elif valid and args.effective:
+    elif result.config is not None and args.effective:
         from veloxd.config.dump import dump_yaml
         from veloxd.config.model import config_to_dict
 

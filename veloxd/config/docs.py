@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from collections.abc import Mapping
 from typing import Any
 
 from veloxd.config.schema import OWN_KEYS, build_schema
@@ -58,7 +59,7 @@ def entry_keys_table() -> str:
     return _table(rows)
 
 
-def _range(meta: dict[str, Any]) -> str:
+def _range(meta: Mapping[str, Any]) -> str:
     low, high = meta["minimum"], meta["maximum"]
     if low is None and high is None:
         return "-"

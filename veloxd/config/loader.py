@@ -61,7 +61,7 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
             issues.append(issue)
             bad_paths.add(path_parts)
     servers: dict[str, ServerEntry] = {}
-    raw_servers = data.get("servers") if isinstance(data.get("servers"), dict) else {}
+    raw_servers = data["servers"] if isinstance(data.get("servers"), dict) else {}
     for name, raw in raw_servers.items():
         if not isinstance(raw, dict):
             continue

@@ -6,6 +6,7 @@ import ipaddress
 import os
 import re
 from collections.abc import Callable
+from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ Report = Callable[[tuple, str], None]
 
 
 def check_entry(name: str, raw: dict[str, Any], base_dir: Path,
-                bad_keys: set[str] = frozenset()) -> tuple[ServerEntry | None, Problems]:
+                bad_keys: AbstractSet[str] = frozenset()) -> tuple[ServerEntry | None, Problems]:
     """The entry built from `raw`, or None and the reasons it cannot be built.
 
     Keys in `bad_keys` already failed the schema: they are not checked again, and no entry is built.
@@ -56,7 +57,8 @@ def check_entry(name: str, raw: dict[str, Any], base_dir: Path,
 
 def endpoint_conflicts(endpoints: dict[str, tuple[str, int]]) -> list[tuple[str, str]]:
     """(server, message) for every server whose host:port is already taken by an earlier one."""
-    conflicts, taken = [], []
+    conflicts: list[tuple[str, str]] = []
+    taken: list[tuple[str, tuple[str, int]]] = []
     for name, (host, port) in endpoints.items():
         for other, (other_host, other_port) in taken:
             if port == other_port and _same_address(host, other_host):

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import Any, cast
 
 from jsonschema import Draft7Validator
 from jsonschema.exceptions import ValidationError
@@ -49,7 +49,7 @@ def _rank(err: ValidationError) -> int:
         return 0
     if "propertyNames" in err.relative_schema_path:
         return 3
-    return {"not": 1, "type": 2}.get(err.validator, 3)
+    return {"not": 1, "type": 2}.get(str(err.validator), 3)
 
 
 def locate(file: str, spans: dict[tuple, Span], path: tuple, message: str, anchor: str = "value") -> ConfigIssue:
@@ -69,17 +69,19 @@ def locate(file: str, spans: dict[tuple, Span], path: tuple, message: str, ancho
 
 def _explain(err: ValidationError, data: Any) -> Iterator[Explained]:
     path = tuple(err.absolute_path)
-    value = err.instance
+    # A validator sets these on every error it yields; the stubs also allow jsonschema's "unset" marker.
+    value, rule = cast(Any, err.instance), cast(Any, err.validator_value)
     if "propertyNames" in err.relative_schema_path:
         yield path + (value,), _bad_name(path, value, err), "key"
     elif err.validator == "additionalProperties":
-        allowed = list(err.schema.get("properties", {}))
-        patterns = list(err.schema.get("patternProperties", {}))
+        schema = err.schema if isinstance(err.schema, Mapping) else {}
+        allowed = list(schema.get("properties", {}))
+        patterns = list(schema.get("patternProperties", {}))
         for name in value:
             if name not in allowed and not any(re.search(p, name) for p in patterns):
                 yield path + (name,), _unknown_key(path, name, allowed, data), "key"
     elif err.validator == "required":
-        for name in err.validator_value:
+        for name in rule:
             if isinstance(value, dict) and name not in value:
                 yield path + (name,), _missing(path, name), "container"
     else:
@@ -144,6 +146,7 @@ def _missing(path: tuple, name: str) -> str:
 
 def _value_message(err: ValidationError, path: tuple, value: Any, data: Any) -> str:
     label, method, kind = _label(path), method_of(data, path), err.validator
+    rule = cast(Any, err.validator_value)  # set by the validator, as in _explain
     for_method = f" for method {method}" if method and path[2:3] == ("overrides",) else ""
     key = path[-1] if path else None
     if kind == "not" and key in OWN_KEYS:
@@ -155,18 +158,18 @@ def _value_message(err: ValidationError, path: tuple, value: Any, data: Any) -> 
     if kind == "enum" and key == "bits" and len(path) == 3:
         if method and registry.get(method).bits_choices:
             return f"bits={value!r} is not valid for method {method}; choose one of {list(registry.get(method).bits_choices)}"
-        choices = [c for c in err.validator_value if c is not None]
+        choices = [c for c in rule if c is not None]
         return f"bits={value!r} is not valid; choose one of {choices}"
     if kind == "enum":
-        return f"{label}={value!r}{for_method}: choose one of {[c for c in err.validator_value if c is not None]}"
+        return f"{label}={value!r}{for_method}: choose one of {[c for c in rule if c is not None]}"
     if kind == "const" and path == ("version",):
         shown = repr(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else _describe(value)
         return f"unsupported version {shown}; this veloxd reads version {VERSION}"
     if kind == "type":
-        return _type_message(label, path, value, err.validator_value)
+        return _type_message(label, path, value, rule)
     bounds = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}
     if kind in bounds:
-        return f"{label}={value!r}{for_method}: must be {bounds[kind]} {err.validator_value}"
+        return f"{label}={value!r}{for_method}: must be {bounds[kind]} {rule}"
     if kind == "pattern":
         if key == "bytes":
             return f"{label}={value!r} is not a size; use {SIZE_HELP}"
@@ -174,11 +177,11 @@ def _value_message(err: ValidationError, path: tuple, value: Any, data: Any) -> 
             return f"api_key_env={value!r} is not an environment variable name (letters, digits and '_')"
         if key == "host":
             return f"host={value!r} is not a host name or IP address"
-        return f"{label}={value!r} does not match {err.validator_value}"
+        return f"{label}={value!r} does not match {rule}"
     if kind == "minLength":
         return f"{label} must not be empty"
     if kind == "maxLength":
-        return f"{label} is longer than {err.validator_value} characters"
+        return f"{label} is longer than {rule} characters"
     return f"{label}: {err.message}"
 
 

@@ -80,7 +80,7 @@ class _Loader(Reader, Scanner, Parser, Composer, _Resolver):
         _Resolver.__init__(self)
         self.depth = 0
 
-    def compose_node(self, parent: Node | None, index: Any) -> Node:
+    def compose_node(self, parent: Node | None, index: Any) -> Node | None:
         self.depth += 1
         try:
             if self.depth > MAX_DEPTH:
@@ -160,6 +160,7 @@ class _Converter:
                 if node.tag != _TAG + "seq":
                     self.problem(node, path, f"unsupported tag '{_short(node.tag)}'")
                 return [self.value(item, path + (i,), None) for i, item in enumerate(node.value)]
+            assert isinstance(node, MappingNode)  # PyYAML composes scalars, sequences and mappings only
             if node.tag != _TAG + "map":
                 self.problem(node, path, f"unsupported tag '{_short(node.tag)}'")
             return self.mapping(node, path)

@@ -28,9 +28,9 @@ class ModelDirs:
         """Follow the local models of these entries; returns the directories to watch."""
         servers: dict[str, list[str]] = {}
         for name, entry in entries.items():
-            directory = local_model_dir(entry.model)
-            if directory is not None:
-                servers.setdefault(str(directory), []).append(name)
+            model_dir = local_model_dir(entry.model)
+            if model_dir is not None:
+                servers.setdefault(str(model_dir), []).append(name)
         for directory in servers.keys() - self._prints.keys():
             self._prints[directory] = model_fingerprint(Path(directory))
         for gone in self._prints.keys() - servers.keys():

@@ -224,13 +224,12 @@ class ServerProcess:
     def snapshot(self) -> dict[str, Any]:
         """This server's facts for the state file."""
         entry = self.entry
-        child = self.child
-        alive = child is not None and child.returncode is None
+        child = self.child if self.child is not None and self.child.returncode is None else None  # alive
         return {
             "state": self.state.value,
-            "pid": child.pid if alive else None,
-            "pgid": child.pgid if alive else None,
-            "start_time": child.start_time if alive else None,
+            "pid": child.pid if child is not None else None,
+            "pgid": child.pgid if child is not None else None,
+            "start_time": child.start_time if child is not None else None,
             "host": entry.host,
             "port": entry.port,
             "method": entry.method,

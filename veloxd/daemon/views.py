@@ -32,7 +32,7 @@ def _exit_text(last_exit: dict[str, Any] | None) -> str:
 
 
 def status_rows(state: dict[str, Any]) -> list[tuple[str, ...]]:
-    rows = []
+    rows: list[tuple[str, ...]] = []
     for name, server in (state.get("servers") or {}).items():
         rows.append((
             name,

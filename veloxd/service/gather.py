@@ -20,9 +20,10 @@ def default_stop_timeout_s() -> float:
     try:
         from veloxd.config.model import ServerEntry
 
-        return float(next(f.default for f in dataclasses.fields(ServerEntry) if f.name == "stop_timeout_s"))
+        default = next(f.default for f in dataclasses.fields(ServerEntry) if f.name == "stop_timeout_s")
     except (ImportError, StopIteration):  # config package absent or reshaped: its documented default
         return 30.0
+    return float(default) if isinstance(default, int | float) else 30.0
 
 
 class InstallError(Exception):

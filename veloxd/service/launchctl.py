@@ -141,7 +141,7 @@ def _leading_int(value: str | None) -> int | None:
 def parse_disabled(text: str, label: str) -> bool:
     """`launchctl print-disabled <domain>`: `"label" => disabled` (macOS 14+) or `=> true` (older)."""
     match = re.search(rf'^\s*"{re.escape(label)}"\s*=>\s*(\w+)', text, re.MULTILINE)
-    return bool(match) and match.group(1) in ("disabled", "true")
+    return match is not None and match.group(1) in ("disabled", "true")
 
 
 def status_from_print(print_result: Result, disabled_text: str, label: str) -> dict[str, Any]:
