@@ -13,6 +13,8 @@ attribute named `bits` (mlx_lm's attention would take the cache for its own).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import mlx.core as mx
 
 from veloxd.kv.base import LayerSpec, register_cache_class
@@ -32,17 +34,17 @@ def quantize_fp16(x: mx.array, group_size: int, bits: int) -> tuple[mx.array, mx
     return mx.quantize(x.astype(mx.float16), group_size=group_size, bits=bits)
 
 
-def dequantized(triple: tuple[mx.array, mx.array, mx.array], group_size: int, bits: int, dtype: mx.Dtype) -> mx.array:
+def dequantized(triple: Sequence[mx.array], group_size: int, bits: int, dtype: mx.Dtype) -> mx.array:
     """Dense values of an mx.quantize triple in `dtype` (scales upcast first, as quantized_matmul reads them)."""
     codes, scales, biases = triple
     return mx.dequantize(codes, scales.astype(dtype), biases.astype(dtype), group_size=group_size, bits=bits)
 
 
-def packed_matmul(x: mx.array, triple: tuple[mx.array, ...], transpose: bool, group_size: int, bits: int) -> mx.array:
+def packed_matmul(x: mx.array, triple: Sequence[mx.array], transpose: bool, group_size: int, bits: int) -> mx.array:
     """x [B, Hkv, R, L, K] times a packed [B, Hkv, n, ...] triple (broadcast over R), read packed or dense."""
     if x.shape[-3] * x.shape[-2] < DENSE_ROWS:
-        w = [mx.expand_dims(a, -3) for a in triple]  # [B, Hkv, 1, n, ...]
-        return mx.quantized_matmul(x, *w, transpose=transpose, group_size=group_size, bits=bits)
+        codes, scales, biases = (mx.expand_dims(a, -3) for a in triple)  # [B, Hkv, 1, n, ...]
+        return mx.quantized_matmul(x, codes, scales, biases, transpose=transpose, group_size=group_size, bits=bits)
     dense = mx.expand_dims(dequantized(triple, group_size, bits, x.dtype), -3)  # [B, Hkv, 1, n, K or N]
     return x @ (dense.swapaxes(-1, -2) if transpose else dense)
 
@@ -55,8 +57,8 @@ class AffineCodec(TokenCodec):
     def __init__(self, config: KVCacheConfig, layer: LayerSpec, k_dim: int, v_dim: int) -> None:
         super().__init__(config, layer, k_dim, v_dim)
         self.group_size = config.affine_group_size
-        self.value_bits = config.bits
-        self.key_bits = config.affine_key_bits or config.bits
+        self.value_bits = config.bit_width
+        self.key_bits = config.affine_key_bits or config.bit_width
         for name, dim in (("key", k_dim), ("value", v_dim)):
             if dim % self.group_size:
                 raise ValueError(

@@ -21,6 +21,7 @@ from mlx_lm.models import base as mlx_base
 from veloxd.kv.base import Stored, VeloxCache
 
 _original = mlx_base.scaled_dot_product_attention
+_PATCHED = "scaled_dot_product_attention"  # the name model files bind (see above)
 
 
 def dispatch_attention(queries, keys, values, cache, scale, mask, sinks=None):
@@ -92,7 +93,7 @@ def install(model: Any) -> int:
         if current is dispatch_attention:
             patched += 1
         elif current is _original:
-            module.scaled_dot_product_attention = dispatch_attention
+            setattr(module, _PATCHED, dispatch_attention)  # a module attribute mypy cannot see
             patched += 1
         elif current is not None:
             raise ValueError(f"{module.__name__}.scaled_dot_product_attention was replaced by someone else")

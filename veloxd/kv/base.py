@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
@@ -47,6 +47,10 @@ class Stored:
 
 class VeloxCache(mlx_cache._BaseCache):
     """Base class: bookkeeping shared by all methods. Subclasses store and attend."""
+
+    # Tokens seen: an int in a per-request cache; a batch cache holds one per row (an mx.array), as
+    # mlx_lm's BatchKVCache does, and mlx_lm's models read either. Hence no narrower type here.
+    offset: Any
 
     def __init__(self, config: KVCacheConfig, layer: LayerSpec) -> None:
         self.config = config
@@ -108,6 +112,11 @@ def array_bytes(*arrays: Any) -> int:
         else:
             total += a.nbytes
     return total
+
+
+def int_list(a: mx.array) -> list[int]:
+    """The values of a 1-D integer array (mlx types `tolist()` as any nesting of any scalar)."""
+    return cast(list[int], a.tolist())
 
 
 def register_cache_class(cls: type) -> type:

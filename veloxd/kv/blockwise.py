@@ -95,7 +95,7 @@ def blockwise_attention(
         safe_max = mx.where(mx.isinf(new_max), 0.0, new_max)  # fully masked rows stay at 0
         probs = mx.exp(scores - safe_max)
         part = value_fn(probs.astype(queries.dtype), start, stop).astype(mx.float32)
-        if acc is None:
+        if acc is None or denom is None or running_max is None:  # the first block (all three set together)
             denom, acc = probs.sum(axis=-1, keepdims=True), part
         else:
             correction = mx.exp(running_max - safe_max)
@@ -103,6 +103,7 @@ def blockwise_attention(
             acc = acc * correction + part
         running_max = new_max
         mx.eval(running_max, denom, acc)  # bound the graph: one block live at a time
+    assert acc is not None and denom is not None  # length > block: the loop ran
     out = acc / mx.maximum(denom, 1e-30)
     return ungroup(out).astype(queries.dtype)
 

@@ -245,6 +245,13 @@ class KVCacheConfig:
             )
         _check_cross_fields(self)
 
+    @property
+    def bit_width(self) -> int:
+        """`bits` of a method that has a bit width (__post_init__ filled in its default)."""
+        if self.bits is None:
+            raise ValueError(f"method {self.method} has no bit width")
+        return self.bits
+
     def to_dict(self) -> dict[str, Any]:
         """Every field, defaults included (the effective configuration)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}

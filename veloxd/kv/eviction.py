@@ -167,6 +167,7 @@ class EvictionCache(VeloxCache):
             return "causal"  # everything before the chunk is visible: MLX's lower-right causal mask
         vis = attention.visible(self.slots["positions"][:, :1], step.qpos(), rule)
         if step.padded:  # a padding query sees itself, so no row of the softmax is empty
+            assert step.first_slot is not None  # set for every prefill chunk
             own = mx.arange(self.width)[None] == (mx.arange(step.length) + step.first_slot)[:, None]  # [L, S]
             vis = vis | own
         return vis

@@ -99,6 +99,7 @@ def column_mass(
         outs.append(out)
         if stop < L:
             mx.eval(out, mass)  # one block of weights alive at a time
+    assert mass is not None  # a step has at least one query
     return mx.concatenate(outs, axis=2), mass
 
 

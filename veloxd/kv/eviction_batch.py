@@ -11,12 +11,19 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import mlx.core as mx
 
 from veloxd.kv import eviction_slots as store
 from veloxd.kv.eviction import EvictionCache
+
+# The batch mixin always sits in front of an EvictionCache subclass (batch_class); the type checker
+# sees that base, the runtime MRO stays (EvictionBatch, method class).
+if TYPE_CHECKING:
+    _MixedInto = EvictionCache
+else:
+    _MixedInto = object
 
 
 class Batchable:
@@ -24,11 +31,12 @@ class Batchable:
 
     @classmethod
     def merge(cls, caches: list[EvictionCache]) -> EvictionCache:
-        return batch_class(cls).from_rows(caches)
+        method_class: type = cls  # plain `type`: mypy does not see a classmethod's cls as Hashable
+        return batch_class(method_class).from_rows(caches)
 
 
 @functools.cache
-def batch_class(cls: type) -> type:
+def batch_class(cls: type) -> type[EvictionBatch]:
     """`cls` with B rows and the BatchGenerator protocol (one class per method, made once)."""
     return type(f"{cls.__name__}Batch", (EvictionBatch, cls), {"single_class": cls})
 
@@ -55,7 +63,7 @@ def stack_rows(parts: list[tuple[dict[str, mx.array], int]], fill: Mapping[str, 
     }
 
 
-class EvictionBatch:
+class EvictionBatch(_MixedInto):
     """Mixed in front of a method class (see batch_class). Not persisted: rows are extracted."""
 
     single_class: type
@@ -92,6 +100,7 @@ class EvictionBatch:
                 raise ValueError("left padding can only be added to an empty batch cache")
             self._left = [a + b for a, b in zip(self._left or [0] * len(self.offsets), left_padding)]
         if right_padding is not None and max(right_padding) > 0:
+            assert lengths is not None  # mlx_lm passes the lengths with the right padding
             self._real = list(lengths)
 
     def finalize(self) -> None:

@@ -34,9 +34,10 @@ class H2OCache(Batchable, EvictionCache):
             keys, values, vis = self.decode_view(step)
         else:
             keys, values = self.slots["keys"], self.slots["values"]
-            vis = self.step_visibility(step)
-            if isinstance(vis, str):  # weights need the mask as an array
-                vis = attention.visible(self.slots["positions"][:, :1], step.qpos())
+            chunk_vis = self.step_visibility(step)
+            if isinstance(chunk_vis, str):  # weights need the mask as an array
+                chunk_vis = attention.visible(self.slots["positions"][:, :1], step.qpos())
+            vis = chunk_vis
         weight = step.qvalid().astype(mx.float32)  # padding queries contribute nothing
         out, mass = attention.column_mass(queries, keys, values, scale, vis, weight)
         self.slots["mass"] = self.slots["mass"] + self.widen(mass)

@@ -47,6 +47,7 @@ class KIVICache(VeloxCache):
         self.offset += keys.shape[2]
 
     def attend(self, queries: mx.array, scale: float, mask: Any) -> mx.array:
+        assert self.rows is not None  # update_and_fetch appended first
         out = self.rows.attend(queries, scale, mask, own_mask=False, block=self.block)
         self.rows.flush()  # the new tokens were attended exactly; now quantize what left the window
         return out
@@ -76,6 +77,7 @@ class KIVICache(VeloxCache):
         if n == 0:
             return 0
         rows, kept = self.rows, self.offset - n
+        assert rows is not None  # offset > 0
         if kept == 0:
             self.rows = None
         elif n <= rows.residual[0]:
@@ -128,21 +130,21 @@ def cut_row(rows: KIVIRows, kept: int) -> RowParts:
     full = rows.row_parts(0)
     kq = vq = None
     if whole:
-        codes, scales, biases = full.kq
+        codes, scales, biases = full.packed()[0]
         kq = (codes[..., : rows.code_cols(whole)], scales[..., : whole // G], biases[..., : whole // G])
-        vq = tuple(a[:, :, :whole] for a in full.vq)
+        vq = tuple(a[:, :, :whole] for a in full.packed()[1])
     part = kept - whole
     H = rows.heads
     k_part = mx.zeros((1, H, 0, rows.k_dim), rows.dtype)
     v_part = mx.zeros((1, H, 0, rows.v_dim), rows.dtype)
     if part:
-        codes, scales, biases = full.kq
+        codes, scales, biases = full.packed()[0]
         cols = slice(rows.code_cols(whole), rows.code_cols(whole + G))
         group = slice(whole // G, whole // G + 1)
         k_t = mx.dequantize(codes[..., cols], scales[..., group].astype(mx.float32), biases[..., group].astype(mx.float32),
                             group_size=G, bits=bits)  # [1, H, D, G]
         k_part = k_t.swapaxes(-1, -2)[:, :, :part].astype(rows.dtype)  # [1, H, part, D]
-        codes, scales, biases = (a[:, :, whole:kept] for a in full.vq)
+        codes, scales, biases = (a[:, :, whole:kept] for a in full.packed()[1])
         v_part = mx.dequantize(codes, scales.astype(mx.float32), biases.astype(mx.float32),
                                group_size=G, bits=bits).astype(rows.dtype)  # [1, H, part, Dv]
     return RowParts(whole, part, kq, vq, k_part, v_part)

@@ -60,6 +60,7 @@ class KIVIBatchCache(VeloxCache):
         self.rows.append(keys, values)
 
     def attend(self, queries: mx.array, scale: float, mask: Any) -> mx.array:
+        assert self.rows is not None  # update_and_fetch appended first
         out = self.rows.attend(queries, scale, mask, own_mask=True, block=self.block)
         if not self.rows.hold:
             self.rows.flush()
@@ -135,9 +136,14 @@ class KIVIBatchCache(VeloxCache):
         """Arrays to evaluate after each prefill chunk (batch caches are not persisted: extract rows)."""
         return () if self.rows is None else tuple(self.rows.arrays())
 
+    @state.setter
+    def state(self, v: tuple) -> None:
+        raise AttributeError("KIVIBatchCache is not persisted: extract its rows")
+
 
 def rebuild(template: KIVIRows, parts: list[RowParts | None]) -> KIVIRows:
     """New rows shaped like `template` holding `parts` (None = an empty row)."""
-    empty = RowParts(0, 0, None, None, None, None)
+    empty = RowParts(0, 0, None, None, mx.zeros((1, template.heads, 0, template.k_dim), template.dtype),
+                     mx.zeros((1, template.heads, 0, template.v_dim), template.dtype))
     return build_rows(template.config, template.k_dim, template.v_dim, template.dtype, template.heads,
                       [p or empty for p in parts])

@@ -30,7 +30,7 @@ class KIVIRows:
 
     def __init__(self, config: KVCacheConfig, k_dim: int, v_dim: int, dtype: mx.Dtype, batch: int, heads: int) -> None:
         self.config = config
-        self.n_bits = config.bits  # on the rows, never on a cache: mlx_lm keys off `cache.bits`
+        self.n_bits = config.bit_width  # on the rows, never on a cache: mlx_lm keys off `cache.bits`
         self.group = config.kivi_group_size
         self.window = config.kivi_residual_length
         if v_dim % self.group:
@@ -67,6 +67,12 @@ class KIVIRows:
 
     def q_capacity(self) -> int:
         return 0 if self.kq is None else self.kq[1].shape[-1] * self.group
+
+    def packed(self) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]]:
+        """(K^T triple, V triple): there once any row holds a quantized token."""
+        if self.kq is None or self.vq is None:
+            raise RuntimeError("KIVI rows hold no quantized tokens yet")
+        return self.kq, self.vq
 
     def lengths(self) -> list[int]:
         return [q + r for q, r in zip(self.quantized, self.residual)]
@@ -121,7 +127,7 @@ class KIVIRows:
             mx.zeros((B, H, cap, self.v_dim // G), mx.float16),
             mx.zeros((B, H, cap, self.v_dim // G), mx.float16),
         )
-        if self.kq is not None:
+        if self.kq is not None and self.vq is not None:  # set together
             old = self.q_capacity()
             for new, cur in zip(fresh_k, self.kq):
                 new[..., : cur.shape[-1]] = cur
@@ -136,6 +142,7 @@ class KIVIRows:
         if not any(moves):
             return
         self.ensure_q_capacity(max(q + m for q, m in zip(self.quantized, moves)))
+        kq, vq = self.packed()
         for b, n in enumerate(moves):
             if n == 0:
                 continue
@@ -143,10 +150,10 @@ class KIVIRows:
             keys_t = self.k_res[b : b + 1, :, start : start + n].swapaxes(-1, -2)  # [1, H, D, n]
             codes, scales, biases = quantize_fp16(keys_t, G, self.n_bits)  # along tokens, per channel
             c0, g0 = self.code_cols(q), q // G
-            self.kq[0][b : b + 1, ..., c0 : c0 + codes.shape[-1]] = codes
-            self.kq[1][b : b + 1, ..., g0 : g0 + scales.shape[-1]] = scales
-            self.kq[2][b : b + 1, ..., g0 : g0 + biases.shape[-1]] = biases
-            for dst, src in zip(self.vq, quantize_fp16(self.v_res[b : b + 1, :, start : start + n], G, self.n_bits)):
+            kq[0][b : b + 1, ..., c0 : c0 + codes.shape[-1]] = codes
+            kq[1][b : b + 1, ..., g0 : g0 + scales.shape[-1]] = scales
+            kq[2][b : b + 1, ..., g0 : g0 + biases.shape[-1]] = biases
+            for dst, src in zip(vq, quantize_fp16(self.v_res[b : b + 1, :, start : start + n], G, self.n_bits)):
                 dst[b : b + 1, :, q : q + n] = src
             self.quantized[b] += n
             self.residual[b] -= n
@@ -186,7 +193,7 @@ class KIVIRows:
             if start < q_used:
                 cols = slice(self.code_cols(start), self.code_cols(min(stop, q_used)))
                 groups = slice(start // self.group, min(stop, q_used) // self.group)
-                codes, scales, biases = self.kq
+                codes, scales, biases = self.packed()[0]
                 keys_t = (codes[..., cols], scales[..., groups], biases[..., groups])  # K^T block [B, H, D, ..]
                 parts.append(packed_matmul(q, keys_t, False, self.group, self.n_bits))  # [B, Hkv, R, L, n_q]
             if stop > q_used:
@@ -202,12 +209,13 @@ class KIVIRows:
             out = None
             split = max(0, min(stop, q_used) - start)
             if split:
-                values = tuple(a[:, :, start : start + split] for a in self.vq)  # [B, H, n_q, ..]
+                values = tuple(a[:, :, start : start + split] for a in self.packed()[1])  # [B, H, n_q, ..]
                 out = packed_matmul(p[..., :split], values, False, self.group, self.n_bits)  # [B, Hkv, R, L, Dv]
             if stop > q_used:
                 a, b = max(start, q_used) - q_used + r_start, stop - q_used + r_start
                 res = p[..., split:] @ mx.expand_dims(self.v_res[:, :, a:b], -3).astype(p.dtype)  # [B, Hkv, R, L, Dv]
                 out = res if out is None else out + res
+            assert out is not None  # blockwise_attention asks only for non-empty blocks
             return out
 
         return blockwise_attention(
@@ -220,10 +228,10 @@ class KIVIRows:
         q, r = self.quantized[b], self.residual[b]
         kq = vq = None
         if q:
-            codes, scales, biases = self.kq
+            (codes, scales, biases), all_vq = self.packed()
             cols, groups = self.code_cols(q), q // self.group
             kq = (codes[b : b + 1, ..., :cols], scales[b : b + 1, ..., :groups], biases[b : b + 1, ..., :groups])
-            vq = tuple(a[b : b + 1, :, :q] for a in self.vq)
+            vq = tuple(a[b : b + 1, :, :q] for a in all_vq)
         k_res = self.k_res[b : b + 1, :, self.res_end - r : self.res_end]  # [1, H, r, D]
         v_res = self.v_res[b : b + 1, :, self.res_end - r : self.res_end]  # [1, H, r, Dv]
         return RowParts(q, r, kq, vq, k_res, v_res)
@@ -241,8 +249,15 @@ class KIVIRows:
 class RowParts:
     """One row's live arrays: q quantized tokens (K^T and V triples) and r residual tokens."""
 
-    def __init__(self, q: int, r: int, kq: tuple | None, vq: tuple | None, k_res: mx.array, v_res: mx.array) -> None:
+    def __init__(self, q: int, r: int, kq: tuple[mx.array, ...] | None, vq: tuple[mx.array, ...] | None,
+                 k_res: mx.array, v_res: mx.array) -> None:
         self.q, self.r, self.kq, self.vq, self.k_res, self.v_res = q, r, kq, vq, k_res, v_res
+
+    def packed(self) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]]:
+        """(K^T triple, V triple): there when q > 0."""
+        if self.kq is None or self.vq is None:
+            raise RuntimeError("this KIVI row holds no quantized tokens")
+        return self.kq, self.vq
 
 
 def build_rows(config: KVCacheConfig, k_dim: int, v_dim: int, dtype: mx.Dtype, heads: int, parts: list[RowParts]) -> KIVIRows:
@@ -257,9 +272,10 @@ def build_rows(config: KVCacheConfig, k_dim: int, v_dim: int, dtype: mx.Dtype, h
     rows.res_end = live
     for b, p in enumerate(parts):
         if p.q:
-            for dst, src in zip(rows.kq, p.kq):
+            kq, vq = rows.packed()
+            for dst, src in zip(kq, p.packed()[0]):
                 dst[b : b + 1, ..., : src.shape[-1]] = src
-            for dst, src in zip(rows.vq, p.vq):
+            for dst, src in zip(vq, p.packed()[1]):
                 dst[b : b + 1, :, : p.q] = src
         if p.r:
             rows.k_res[b : b + 1, :, live - p.r : live] = p.k_res.astype(dtype)

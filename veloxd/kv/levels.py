@@ -15,7 +15,7 @@ and the dequantized levels held at once are bounded by one chunk.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import cache
 
 import mlx.core as mx
@@ -55,7 +55,7 @@ def _unpack(packed: mx.array, bits: int) -> mx.array:
 
 
 @cache
-def _odd_decoder(bits: int, coefficients: tuple[float, ...]):
+def _odd_decoder(bits: int, coefficients: tuple[float, ...]) -> Callable[[mx.array], mx.array]:
     """packed -> levels: unpack, centre, odd Horner in u^2, fused into one kernel by mx.compile."""
     centre = (2**bits - 1) / 2
 
@@ -71,7 +71,7 @@ def _odd_decoder(bits: int, coefficients: tuple[float, ...]):
 
 
 @cache
-def _signed_decoder(bits: int, coefficients: tuple[float, ...]):
+def _signed_decoder(bits: int, coefficients: tuple[float, ...]) -> Callable[[mx.array, mx.array], mx.array]:
     """(packed magnitudes, packed signs) -> levels = sign * P(magnitude), one fused kernel."""
     centre = (2 ** (bits - 1) - 1) / 2
 

@@ -82,7 +82,7 @@ class QJLCodec(TokenCodec):
     def __init__(self, config: KVCacheConfig, layer: LayerSpec, k_dim: int, v_dim: int) -> None:
         super().__init__(config, layer, k_dim, v_dim)
         self.group_size = config.qjl_value_group_size
-        self.value_bits = config.bits
+        self.value_bits = config.bit_width
         if v_dim % self.group_size:
             raise ValueError(
                 f"qjl_value_group_size={self.group_size} for method qjl: the model's value head "
@@ -107,8 +107,8 @@ class QJLCodec(TokenCodec):
         return self.sketch.estimate(q, store["k_signs"], store["k_norms"])
 
     def weighted_values(self, p: mx.array, store: dict[str, mx.array]) -> mx.array:
-        v = [mx.expand_dims(store[n], -3) for n in ("v_codes", "v_scales", "v_biases")]  # [B, Hkv, 1, n, ...]
-        return mx.quantized_matmul(p, *v, transpose=False, group_size=self.group_size, bits=self.value_bits)
+        codes, scales, biases = (mx.expand_dims(store[n], -3) for n in ("v_codes", "v_scales", "v_biases"))  # [B, Hkv, 1, n, ...]
+        return mx.quantized_matmul(p, codes, scales, biases, transpose=False, group_size=self.group_size, bits=self.value_bits)
 
     def bits_per_token(self) -> float:
         keys = self.sketch.sketch_dim + NORM_BITS

@@ -129,6 +129,7 @@ class TokenQuantCache(VeloxCache):
         self.offset += n_new
 
     def attend(self, queries: mx.array, scale: float, mask: Any) -> mx.array:
+        assert self.codec is not None and self.store is not None  # update_and_fetch appended first
         return attend_store(self.codec, self.store, self.offset, queries, scale, mask, self.block)
 
     # --- bookkeeping ---
@@ -171,7 +172,7 @@ class TokenQuantCache(VeloxCache):
 
     @property
     def state(self) -> tuple:
-        if self.store is None:
+        if self.store is None or self.codec is None:  # both set by the first append
             return (self.meta,)
         return (self.meta, *(packing.tokens(self.store[n], 0, self.offset) for n in self.codec.fields))
 

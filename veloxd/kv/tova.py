@@ -45,4 +45,5 @@ class TOVACache(Batchable, EvictionCache):
 
     def keep_priority(self, step: Step) -> mx.array:
         scores, self._scores = self._scores, None
+        assert scores is not None  # enforce asks only when a row is over budget, and then run_attention scored
         return scores

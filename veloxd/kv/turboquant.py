@@ -106,12 +106,13 @@ class RotatedQuantizer:
         """Rotated x [..., d] -> (stored arrays, reconstruction [..., d] the decoder will see)."""
         norms = mx.linalg.norm(x, axis=-1, keepdims=True)  # [..., 1]
         unit = x / mx.maximum(norms, 1e-30)
-        stored, levels = {}, []
+        stored: dict[str, mx.array] = {}
+        part_levels: list[mx.array] = []
         for part in self.parts:
-            packed, part_levels = part.encode(unit)
+            packed, one_part = part.encode(unit)
             stored.update(packed)
-            levels.append(part_levels)
-        levels = mx.concatenate(levels, axis=-1)  # [..., d]: the decoded unit vector, norm ~ sqrt(1 - D)
+            part_levels.append(one_part)
+        levels = mx.concatenate(part_levels, axis=-1)  # [..., d]: the decoded unit vector, norm ~ sqrt(1 - D)
         # Norm re-correction: scale so the decoded vector has x's norm (never 0: no level is 0).
         gains = (norms / mx.linalg.norm(levels, axis=-1, keepdims=True)).astype(mx.float16)  # [..., 1]
         stored[self.gain_field] = gains
@@ -153,8 +154,8 @@ class TurboQuantMSECodec(TokenCodec):
         outliers, kind = config.turboquant_outlier_channels, config.turboquant_codebook
         self.key_rotation = Rotation(k_dim, config.seed, layer.index, KEY_SALT)
         self.value_rotation = Rotation(v_dim, config.seed, layer.index, VALUE_SALT)
-        self.keys = RotatedQuantizer("k_", k_dim, config.bits - self.key_bits_offset, outliers, kind)
-        self.values = RotatedQuantizer("v_", v_dim, config.bits, outliers, kind)
+        self.keys = RotatedQuantizer("k_", k_dim, config.bit_width - self.key_bits_offset, outliers, kind)
+        self.values = RotatedQuantizer("v_", v_dim, config.bit_width, outliers, kind)
         self.fields = (*self.keys.fields, *self.values.fields)
 
     def __deepcopy__(self, memo: dict) -> TurboQuantMSECodec:
