@@ -9,12 +9,12 @@ BENCH_STAMP := $(VENV)/.installed-bench
 OPENBLAS := $(firstword $(wildcard /usr/lib/*/openblas-pthread/libblas.so.3))
 BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
 
-.PHONY: run test test-fast bench bench-quick bench-kv bench-daemon schema clean
+.PHONY: run test test-fast lint bench bench-quick bench-kv bench-daemon schema clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet -e '.[test,dev]'
 	touch $(STAMP)
 
 $(BENCH_STAMP): $(STAMP)
@@ -26,12 +26,22 @@ run: $(STAMP)
 
 # Files run in parallel (-n auto); a module's tests stay on one worker, sharing its fixtures.
 PYTEST := $(PY) -m pytest -q -n auto --dist loadscope
+# pytest exits 5 when it collects no tests: a broken layout, which must fail loudly, never pass.
+NAME_NO_TESTS := || { status=$$?; if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$status; }
 
 test: $(STAMP)
-	$(PYTEST) tests
+	$(PYTEST) tests $(NAME_NO_TESTS)
 
 test-fast: $(STAMP)
-	$(PYTEST) -m "not slow" tests
+	$(PYTEST) -m "not slow" tests $(NAME_NO_TESTS)
+
+# Lint and type-check the whole tree (config in pyproject.toml). The format check joins once the
+# tree has been formatted: then set FORMAT_CHECK := 1 here (or `make lint FORMAT_CHECK=1`).
+FORMAT_CHECK ?=
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(if $(FORMAT_CHECK),$(VENV)/bin/ruff format --check .)
+	$(VENV)/bin/mypy
 
 schema: $(STAMP)
 	$(PY) -m veloxd schema > schemas/veloxd.schema.json
