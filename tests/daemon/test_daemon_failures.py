@@ -54,7 +54,7 @@ def kill_until_fatal(daemon: DaemonHarness, name: str) -> None:
         if server["state"] == "fatal":
             return
         os.kill(server["pid"], signal.SIGKILL)
-        wait_for(lambda: daemon.server(name).get("pid") != server["pid"], DEADLINE_S, f"{name} noticed its exit")
+        wait_for(lambda killed=server["pid"]: daemon.server(name).get("pid") != killed, DEADLINE_S, f"{name} noticed its exit")
 
 
 def test_killed_worker_backs_off_then_goes_fatal_after_the_limit(start_daemon) -> None:
