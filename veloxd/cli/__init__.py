@@ -19,6 +19,7 @@ COMMAND_MODULES = (
     "veloxd.cli.config",  # check, schema, plan
     "veloxd.cli.daemon",  # run, status, reload, restart, logs
     "veloxd.cli.service",  # install, uninstall
+    "veloxd.cli.pull",  # pull
 )
 
 
