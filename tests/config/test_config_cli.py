@@ -46,21 +46,27 @@ def test_check_broken_file_exits_1_with_located_lines_without_loading_mlx(tmp_pa
 
 def test_check_valid_file_prints_one_summary_line(tmp_path: Path) -> None:
     path = write_config(tmp_path, VALID)
-    done = veloxd("check", str(path))
-    assert done.returncode == 0 and done.stderr == ""
+    done = veloxd("check", str(path), env={**os.environ, "HF_HOME": str(tmp_path / "hf")})
+    assert done.returncode == 0
     assert done.stdout == (f"{path}: valid; 2 servers: coder (kivi 2-bit on 127.0.0.1:8081), "
                            "chat (h2o on 127.0.0.1:8082)\n")
+    # A model not yet in the Hugging Face cache is a warning (the daemon downloads it), not an error.
+    assert done.stderr == (f"{path}: warning: server chat: model mlx-community/Qwen2.5-0.5B-Instruct-4bit is not "
+                           f"downloaded yet (cache {tmp_path / 'hf' / 'hub'}); the daemon fetches it before the "
+                           "first start, or run `veloxd pull chat` now\n")
 
 
 def test_check_json_output(tmp_path: Path) -> None:
     path = write_config(tmp_path, VALID.replace("port: 8082", "port: 0"))
     done = veloxd("check", "--json", str(path))
     assert done.returncode == 1
-    assert json.loads(done.stdout) == {"valid": False, "errors": [
+    assert json.loads(done.stdout) == {"valid": False, "warnings": [], "errors": [
         {"file": str(path), "line": 13, "column": 11, "path": "$.servers.chat.port", "message": "port=0: must be >= 1"},
     ]}
     done = veloxd("check", "--json", str(write_config(tmp_path, VALID)))
-    assert done.returncode == 0 and json.loads(done.stdout) == {"valid": True, "errors": []}
+    answer = json.loads(done.stdout)
+    assert done.returncode == 0 and answer["valid"] is True and answer["errors"] == []
+    assert [w.split(": warning: ")[1][:13] for w in answer["warnings"]] == ["server chat: "]
 
 
 def test_check_unreadable_and_usage_errors_exit_2(tmp_path: Path) -> None:

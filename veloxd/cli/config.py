@@ -48,8 +48,10 @@ def run_check(args: argparse.Namespace) -> int:
     path = args.file or str(default_config_path())
     result = inspect_config(path)
     valid = result.config is not None
+    warnings = _not_downloaded(path, result.config) if result.config is not None else []
     if args.json:
-        print(json.dumps({"valid": valid, "errors": [i.to_dict() for i in result.issues]}, indent=2))
+        print(json.dumps({"valid": valid, "errors": [i.to_dict() for i in result.issues], "warnings": warnings},
+                         indent=2))
     elif result.config is not None and args.effective:
         from veloxd.config.dump import dump_yaml
         from veloxd.config.model import config_to_dict
@@ -59,12 +61,29 @@ def run_check(args: argparse.Namespace) -> int:
         sys.stdout.write(header + dump_yaml(document))
     elif valid:
         print(f"{path}: valid; {_servers_line(result.config)}")
+        for warning in warnings:
+            print(warning, file=sys.stderr)
     else:
         for issue in result.issues:
             print(issue, file=sys.stderr)
     if valid:
         return EXIT_VALID
     return EXIT_UNREADABLE if result.unreadable else EXIT_INVALID
+
+
+def _not_downloaded(path: str, config: Any) -> list[str]:
+    """A warning per Hugging Face model not yet complete in the cache its server would read."""
+    from veloxd.daemon.process import worker_env
+    from veloxd.download.cache import hub_cache_dir, is_hub_model, local_snapshot
+
+    out = []
+    for name, entry in config.servers.items():
+        env = worker_env(entry.env)
+        if is_hub_model(entry.model) and local_snapshot(entry.model, env) is None:
+            out.append(f"{path}: warning: server {name}: model {entry.model} is not downloaded yet (cache "
+                       f"{hub_cache_dir(env)}); the daemon fetches it before the first start, or run "
+                       f"`veloxd pull {name}` now")
+    return out
 
 
 def run_schema(args: argparse.Namespace) -> int:

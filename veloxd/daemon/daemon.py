@@ -116,7 +116,7 @@ class Daemon:
 
     # ---- messages -------------------------------------------------------------------------
     def _handle(self, msg: Any, now: float) -> None:
-        if isinstance(msg, (m.ChildExited, m.ReadyLine, m.Healthy)):
+        if isinstance(msg, (m.ChildExited, m.ReadyLine, m.DownloadLine, m.Healthy)):
             self.supervisor.on_message(msg, now)
         elif isinstance(msg, m.Shutdown):
             self._shutdown(msg.signum, now)

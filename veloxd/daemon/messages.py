@@ -62,6 +62,15 @@ class ReadyLine:
 
 
 @dataclass(frozen=True)
+class DownloadLine:
+    """A `VELOXD_DOWNLOAD {json}` line of an entry's download step (veloxd/download/protocol.py)."""
+
+    server: str
+    spawn_id: int
+    payload: dict[str, Any]
+
+
+@dataclass(frozen=True)
 class Healthy:
     server: str
     spawn_id: int
@@ -92,5 +101,6 @@ Message = (
     | Shutdown
     | ChildExited
     | ReadyLine
+    | DownloadLine
     | Healthy
 )

@@ -12,8 +12,9 @@ import threading
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from veloxd.daemon.download import DownloadPhase, needs_download
 from veloxd.daemon.probe import port_holder, port_in_use
-from veloxd.daemon.process import Child, describe_exit
+from veloxd.daemon.process import Child, describe_exit, worker_env
 from veloxd.daemon.state import (
     GiveUp,
     ServerState,
@@ -23,6 +24,7 @@ from veloxd.daemon.state import (
 
 S = ServerState
 EVENT_FOR_STATE = {
+    S.DOWNLOADING: "server_downloading",  # then more server_downloading events with the progress
     S.STARTING: "server_starting",
     S.READY: "server_ready",
     S.BACKOFF: "server_backoff",
@@ -30,13 +32,15 @@ EVENT_FOR_STATE = {
     S.STOPPING: "server_stopping",
     S.STOPPED: "server_stopped",
 }
-UNFIXABLE_EXIT = 2  # the worker's "invalid input or port in use": retrying cannot help
+UNFIXABLE_EXIT = 2  # the worker's "invalid input or port in use", the download's "not found, gated...": final
 
 
 class Spawner(Protocol):
     """Starts workers and health probes whose reports reach the loop as messages."""
 
     def spawn(self, name: str, spawn_id: int, entry: Any) -> Child: ...
+
+    def spawn_download(self, name: str, spawn_id: int, entry: Any) -> Child: ...
 
     def probe_health(self, name: str, spawn_id: int, host: str, port: int, deadline: float) -> threading.Event: ...
 
@@ -59,6 +63,7 @@ class ServerProcess:
         self.last_exit: dict[str, Any] | None = None
         self.ready_payload: dict[str, Any] | None = None
         self.fatal_reason: str | None = None
+        self.download: DownloadPhase | None = None  # while DOWNLOADING
         self._spawner = spawner
         self._log = log.bind(server=entry.name)
         self._spawned_at = 0.0
@@ -89,11 +94,32 @@ class ServerProcess:
 
     # ---- commands from the supervisor -------------------------------------------------
     def start(self, now: float) -> None:
-        """STOPPED/BACKOFF -> STARTING: check the port, spawn the worker (or go FATAL at once)."""
-        entry = self.entry
+        """STOPPED/BACKOFF -> DOWNLOADING if the model is not local yet, else STARTING."""
         self.child = None
         self.ready_payload = None
         self._timed_out = self._killed = False
+        if needs_download(self.entry.model, worker_env(self.entry.env)):
+            self._start_download(now)
+        else:
+            self._start_worker(now)
+
+    def _start_download(self, now: float) -> None:
+        """-> DOWNLOADING: the download step runs; ready_timeout_s has not begun."""
+        model = self.entry.model
+        self.spawn_id += 1
+        try:
+            self.child = self._spawner.spawn_download(self.name, self.spawn_id, self.entry)
+        except OSError as err:
+            self._become(S.DOWNLOADING, model=model)
+            self._give_up(f"cannot start the download of {model}: {err}", model=model)
+            return
+        self._awaiting_exit = True
+        self.download = DownloadPhase(now)
+        self._become(S.DOWNLOADING, model=model, argv=self.child.argv)
+
+    def _start_worker(self, now: float) -> None:
+        """-> STARTING: check the port, spawn the worker (or go FATAL at once)."""
+        entry = self.entry
         where = {"host": entry.host, "port": entry.port, "method": entry.method, "model": entry.model}
         problem = None
         if port_in_use(entry.host, entry.port):
@@ -146,6 +172,13 @@ class ServerProcess:
             self.name, spawn_id, entry.host, entry.port, self._ready_deadline
         )
 
+    def on_download_line(self, spawn_id: int, payload: dict[str, Any], now: float) -> None:
+        if spawn_id != self.spawn_id or self.state is not S.DOWNLOADING or self.download is None:
+            return
+        progress = self.download.on_line(payload, now)
+        if progress is not None:
+            self._log.info("server_downloading", pid=self.pid, model=self.entry.model, **progress)
+
     def on_healthy(self, spawn_id: int, now: float) -> None:
         if spawn_id != self.spawn_id or self.state is not S.STARTING:
             return
@@ -156,6 +189,9 @@ class ServerProcess:
         if spawn_id != self.spawn_id or self.child is None or not self._awaiting_exit:
             return
         self._awaiting_exit = False
+        if self.state is S.DOWNLOADING:
+            self._download_exited(returncode, now)
+            return
         self._cancel_probe()
         tail = self.child.last_lines()
         self.last_exit = {**describe_exit(returncode), "at": wall_clock(), "pid": self.child.pid}
@@ -174,6 +210,22 @@ class ServerProcess:
         if returncode == UNFIXABLE_EXIT:
             unfixable = "worker exited with code 2 (invalid input or port in use; see last_lines)"
         self._fail(now, reason, unfixable, last_lines=tail)
+
+    def _download_exited(self, returncode: int, now: float) -> None:
+        """The download step ended: load the model (STARTING), or fail as its verdict says."""
+        assert self.child is not None and self.download is not None
+        phase, pid, model = self.download, self.child.pid, self.entry.model
+        self.download = None
+        if returncode == 0:
+            self._log.info("server_downloaded", pid=pid, model=model, **phase.finished(now))
+            self._start_worker(now)
+            return
+        reason, message = phase.failure_reason(describe_exit(returncode))
+        self.last_exit = {**describe_exit(returncode), "at": wall_clock(), "pid": pid}
+        self._log.warning("server_download_failed", pid=pid, model=model, reason=reason, message=message,
+                          **describe_exit(returncode), last_lines=self.child.last_lines())
+        unfixable = message if returncode == UNFIXABLE_EXIT else None
+        self._fail(now, "download_failed", unfixable, detail=message, download_reason=reason)
 
     # ---- timers -----------------------------------------------------------------------
     def tick(self, now: float) -> None:
@@ -201,11 +253,12 @@ class ServerProcess:
         return None
 
     # ---- helpers ----------------------------------------------------------------------
-    def _fail(self, now: float, reason: str, unfixable: str | None, **event: Any) -> None:
+    def _fail(self, now: float, reason: str, unfixable: str | None, detail: str | None = None, **event: Any) -> None:
         decision = after_failure(self.failures, now, self.entry.restart, unfixable)
         self.failures = [*self.failures, now][-64:]
         if isinstance(decision, GiveUp):
-            self._give_up(decision.reason, failures=decision.failures, failure=reason, **event)
+            why = decision.reason if unfixable is not None or detail is None else f"{decision.reason}; last: {detail}"
+            self._give_up(why, failures=decision.failures, failure=reason, **event)
             return
         self._retry_at = now + decision.delay_s
         self._become(
@@ -239,5 +292,6 @@ class ServerProcess:
             "failures": len(self.failures),
             "last_exit": self.last_exit,
             "fatal_reason": self.fatal_reason,
+            "download": self.download.progress() if self.download is not None else None,
             "stop_timeout_s": entry.stop_timeout_s,
         }

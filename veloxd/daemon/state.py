@@ -17,6 +17,7 @@ class ServerState(enum.Enum):
     """Lifecycle of one server entry; the values are what logs and the state file show."""
 
     STOPPED = "stopped"
+    DOWNLOADING = "downloading"  # fetching the model before loading; outside ready_timeout_s
     STARTING = "starting"
     READY = "ready"
     BACKOFF = "backoff"
@@ -26,11 +27,13 @@ class ServerState(enum.Enum):
 
 S = ServerState
 TRANSITIONS: Final[Mapping[ServerState, frozenset[ServerState]]] = {
-    S.STOPPED: frozenset({S.STARTING}),
+    S.STOPPED: frozenset({S.DOWNLOADING, S.STARTING}),
+    # DOWNLOADING -> STARTING once the model is complete; FATAL = not found, gated, no disk, offline.
+    S.DOWNLOADING: frozenset({S.STARTING, S.BACKOFF, S.FATAL, S.STOPPING}),
     # STARTING -> READY needs the READY line and /health 200; FATAL = unfixable (exit 2, port held).
     S.STARTING: frozenset({S.READY, S.BACKOFF, S.FATAL, S.STOPPING}),
     S.READY: frozenset({S.BACKOFF, S.FATAL, S.STOPPING}),  # unexpected exit
-    S.BACKOFF: frozenset({S.STARTING, S.STOPPING}),  # delay over, or stopped meanwhile
+    S.BACKOFF: frozenset({S.DOWNLOADING, S.STARTING, S.STOPPING}),  # delay over, or stopped meanwhile
     S.FATAL: frozenset({S.STOPPING}),  # only a config change or `veloxd restart NAME` leaves it
     S.STOPPING: frozenset({S.STOPPED}),  # SIGTERM to the group, SIGKILL after stop_timeout_s
 }

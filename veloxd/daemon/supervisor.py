@@ -15,10 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from veloxd.daemon import messages as m
+from veloxd.daemon.download import download_command, worker_hub_env
 from veloxd.daemon.probe import wait_healthy
 from veloxd.daemon.process import Child, Lifeline, worker_env
 from veloxd.daemon.server import ServerProcess
 from veloxd.daemon.state import ServerState
+from veloxd.download.protocol import parse_line
 
 READY_PREFIX = "VELOXD_READY "
 
@@ -50,7 +52,25 @@ class WorkerSpawner:
         def on_exit(returncode: int) -> None:
             inbox.put(m.ChildExited(name, spawn_id, returncode))
 
-        return Child(self.argv(entry), worker_env(entry.env), self._lifeline, on_line, on_exit)
+        env = worker_env({**entry.env, **worker_hub_env(entry.model)})
+        return Child(self.argv(entry), env, self._lifeline, on_line, on_exit)
+
+    def spawn_download(self, name: str, spawn_id: int, entry: Any) -> Child:
+        """The entry's download step: its progress lines become messages, its other lines are logged."""
+        inbox, log = self._inbox, self._log.bind(server=name)
+
+        def on_line(pid: int, stream: str, line: str) -> None:
+            payload = parse_line(line) if stream == "stdout" else None
+            if payload is None:
+                log.info("server_output", pid=pid, stream=stream, line=line)
+            else:
+                inbox.put(m.DownloadLine(name, spawn_id, payload))
+
+        def on_exit(returncode: int) -> None:
+            inbox.put(m.ChildExited(name, spawn_id, returncode))
+
+        argv = download_command(entry.model, self._lifeline.read_fd)
+        return Child(argv, worker_env(entry.env), self._lifeline, on_line, on_exit)
 
     def probe_health(self, name: str, spawn_id: int, host: str, port: int, deadline: float) -> threading.Event:
         cancel = threading.Event()
@@ -124,7 +144,7 @@ class Supervisor:
         return all(s.state is ServerState.STOPPED for s in self.servers.values())
 
     # ---- the loop's calls ----------------------------------------------------------------
-    def on_message(self, msg: m.ChildExited | m.ReadyLine | m.Healthy, now: float) -> None:
+    def on_message(self, msg: m.ChildExited | m.ReadyLine | m.DownloadLine | m.Healthy, now: float) -> None:
         server = self.servers.get(msg.server)
         if server is None:
             return
@@ -132,6 +152,8 @@ class Supervisor:
             server.on_exit(msg.spawn_id, msg.returncode, now)
         elif isinstance(msg, m.ReadyLine):
             server.on_ready_line(msg.spawn_id, msg.payload)
+        elif isinstance(msg, m.DownloadLine):
+            server.on_download_line(msg.spawn_id, msg.payload, now)
         else:
             server.on_healthy(msg.spawn_id, now)
         self._advance(now)

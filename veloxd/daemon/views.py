@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from veloxd.daemon.process import is_same_process
+from veloxd.download.progress import summary
 
 COLUMNS = ("NAME", "STATE", "PID", "PORT", "METHOD", "SINCE", "RESTARTS", "LAST EXIT")
 
@@ -31,12 +32,19 @@ def _exit_text(last_exit: dict[str, Any] | None) -> str:
     return f"code {last_exit.get('code')}"
 
 
+def _state_text(server: dict[str, Any]) -> str:
+    download = server.get("download")
+    if server.get("state") == "downloading" and download:
+        return f"downloading {download.get('percent', 0):.0f}%"
+    return str(server.get("state", "?"))
+
+
 def status_rows(state: dict[str, Any]) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for name, server in (state.get("servers") or {}).items():
         rows.append((
             name,
-            server.get("state", "?") + (" (daemon down)" if not daemon_alive(state) and server.get("pid") else ""),
+            _state_text(server) + (" (daemon down)" if not daemon_alive(state) and server.get("pid") else ""),
             str(server.get("pid") or "-"),
             str(server.get("port", "-")),
             str(server.get("method", "-")),
@@ -71,6 +79,11 @@ def render_status(state: dict[str, Any]) -> str:
     for name, server in (state.get("servers") or {}).items():
         if server.get("fatal_reason") and server.get("state") == "fatal":
             lines.append(f"{name}: {server['fatal_reason']}")
+        download = server.get("download")
+        if server.get("state") == "downloading":
+            progress = summary(download["done_bytes"], download["total_bytes"], download["rate_bps"],
+                               download["eta_s"]) if download and download.get("total_bytes") else "listing files"
+            lines.append(f"{name}: downloading {server.get('model')}: {progress}")
     return "\n".join(lines)
 
 
