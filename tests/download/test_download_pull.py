@@ -1,0 +1,176 @@
+"""`veloxd pull` against the hub stand-in: what it fetches, resuming, each failure's reason, the bar."""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import os
+import pty
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+from tests.download.conftest import GATED, MODEL, TINY, TOKEN
+from tests.fixtures.hub_standin import HubStandIn
+from tests.support import REPO, wait_until
+from veloxd.download import cache
+from veloxd.download.protocol import EXIT_FATAL, EXIT_RETRY, parse_line
+
+WANTED = {p.name: p.stat().st_size for p in TINY.iterdir() if cache.wanted(p.name)}
+
+
+def pull(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "veloxd", "pull", *args], capture_output=True, text=True,
+                          env=env, cwd=REPO, timeout=timeout)
+
+
+def events(stdout: str) -> list[dict]:
+    return [e for line in stdout.splitlines() if (e := parse_line(line)) is not None]
+
+
+def test_pull_fetches_what_mlx_lm_loads_once(hub: HubStandIn, hub_env: dict[str, str]) -> None:
+    """Plan, progress and done lines; only the files mlx_lm loads; a second pull transfers nothing."""
+    done = pull("--progress-json", "--model", MODEL, env=hub_env)
+    assert done.returncode == 0, done.stderr
+    seen = events(done.stdout)
+    assert seen[0]["event"] == "plan" and seen[-1]["event"] == "done"
+    assert seen[0]["total_bytes"] == sum(WANTED.values()) and seen[0]["local_bytes"] == 0
+    assert any(e["event"] == "progress" for e in seen)
+    snapshot = Path(seen[-1]["path"])
+    assert sorted(p.name for p in snapshot.iterdir()) == sorted(WANTED)  # no MODEL_CARD.md
+    assert (snapshot / "model.safetensors").read_bytes() == (TINY / "model.safetensors").read_bytes()
+    assert hub.served_bytes(MODEL) == sum(WANTED.values()) == seen[-1]["fetched_bytes"]
+    assert cache.local_snapshot(MODEL, hub_env) == snapshot
+
+    again = pull("--progress-json", "--model", MODEL, env=hub_env)
+    assert again.returncode == 0 and events(again.stdout)[-1]["fetched_bytes"] == 0
+    assert hub.served_bytes(MODEL) == sum(WANTED.values())  # no byte of content twice
+
+
+def test_an_interrupted_pull_continues_where_it_stopped(hub: HubStandIn, hub_env: dict[str, str]) -> None:
+    hub.rate_bps = 1_000_000  # ~8 s for the weights: time to kill it half-way
+    weights = WANTED["model.safetensors"]
+    proc = subprocess.Popen([sys.executable, "-m", "veloxd", "pull", "--progress-json", "--model", MODEL],
+                            env=hub_env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    try:
+        wait_until(lambda: hub.served_bytes(MODEL, "model.safetensors") >= 2_000_000, 120, what="2 MB served")
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(30)
+    first = hub.served_bytes(MODEL, "model.safetensors")
+    partials = list((Path(hub_env["HF_HOME"]) / "hub").rglob("*.incomplete"))
+    assert len(partials) == 1 and 0 < partials[0].stat().st_size <= first < weights
+
+    hub.rate_bps = None
+    done = pull("--progress-json", "--model", MODEL, env=hub_env)
+    assert done.returncode == 0, done.stderr
+    plan = events(done.stdout)[0]
+    kept = plan["local_bytes"] - sum(WANTED.values()) + weights  # the weights' partial part (small files may be done)
+    second = hub.served_bytes(MODEL, "model.safetensors") - first
+    assert kept > 0 and second == weights - kept < weights  # continued, not restarted
+    blob = Path(events(done.stdout)[-1]["path"]) / "model.safetensors"
+    assert hashlib.sha256(blob.read_bytes()).digest() == hashlib.sha256((TINY / "model.safetensors").read_bytes()).digest()
+    assert not list((Path(hub_env["HF_HOME"]) / "hub").rglob("*.incomplete"))
+
+
+def _failed(done: subprocess.CompletedProcess[str]) -> dict:
+    last = events(done.stdout)[-1]
+    assert last["event"] == "failed" and last["message"] in done.stderr
+    return last
+
+
+def test_unknown_model_is_not_found(hub: HubStandIn, hub_env: dict[str, str]) -> None:
+    done = pull("--progress-json", "--model", "tiny/nope", env=hub_env)
+    assert done.returncode == EXIT_FATAL
+    failed = _failed(done)
+    assert failed["reason"] == "not_found" and "tiny/nope" in failed["message"] and "check `model:`" in failed["message"]
+
+
+def test_gated_model_needs_a_token(hub: HubStandIn, hub_env: dict[str, str]) -> None:
+    done = pull("--progress-json", "--model", GATED, env=hub_env)
+    assert done.returncode == EXIT_FATAL
+    failed = _failed(done)
+    assert failed["reason"] == "gated" and f"{hub.url}/{GATED}" in failed["message"] and "HF_TOKEN" in failed["message"]
+    assert hub.served_bytes(GATED) == 0
+    assert pull("--model", GATED, env={**hub_env, "HF_TOKEN": TOKEN}).returncode == 0
+
+
+def test_too_little_disk_fails_before_any_transfer(hub: HubStandIn, hub_env: dict[str, str]) -> None:
+    done = pull("--progress-json", "--model", MODEL, env={**hub_env, "VELOXD_TEST_DISK_FREE_BYTES": "1000000"})
+    assert done.returncode == EXIT_FATAL
+    failed = _failed(done)
+    assert failed["reason"] == "no_space" and "1.0 MB free" in failed["message"] and "HF_HUB_CACHE" in failed["message"]
+    assert hub.served_bytes(MODEL) == 0
+
+
+def test_offline_fails_without_asking_the_hub(hub: HubStandIn, hub_env: dict[str, str]) -> None:
+    done = pull("--progress-json", "--model", MODEL, env={**hub_env, "HF_HUB_OFFLINE": "1"})
+    assert done.returncode == EXIT_FATAL
+    assert _failed(done)["reason"] == "offline" and hub.requests == []
+    assert pull("--model", MODEL, env=hub_env).returncode == 0
+    offline = pull("--progress-json", "--model", MODEL, env={**hub_env, "HF_HUB_OFFLINE": "1"})
+    assert offline.returncode == 0 and events(offline.stdout)[-1]["event"] == "done"  # complete: fine offline
+
+
+def test_unreachable_hub_is_a_network_error_to_retry(hub_env: dict[str, str]) -> None:
+    from tests.support import free_port
+
+    done = pull("--progress-json", "--model", MODEL, env={**hub_env, "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"})
+    assert done.returncode == EXIT_RETRY
+    assert _failed(done)["reason"] == "network"
+
+
+def _config(tmp_path: Path, model: str = MODEL) -> Path:
+    path = tmp_path / "veloxd.yaml"
+    path.write_text(f"version: 1\nservers:\n  tiny: {{model: {model}, port: 18181, method: fp16}}\n"
+                    f"  local: {{model: {TINY}, port: 18182, method: fp16}}\n")
+    return path
+
+
+def test_pull_shows_a_progress_bar_on_a_terminal(hub: HubStandIn, hub_env: dict[str, str], tmp_path: Path) -> None:
+    hub.rate_bps = 4_000_000
+    primary, secondary = pty.openpty()
+    fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a 100-column terminal
+    proc = subprocess.Popen([sys.executable, "-m", "veloxd", "pull", "--config", str(_config(tmp_path))],
+                            env=hub_env, cwd=REPO, stdin=secondary, stdout=secondary,
+                            stderr=secondary)
+    os.close(secondary)
+    output = b""
+    while True:
+        ready, _, _ = select.select([primary], [], [], 120)
+        if not ready:
+            break
+        try:
+            chunk = os.read(primary, 65536)
+        except OSError:  # EIO: the child side closed
+            break
+        if not chunk:
+            break
+        output += chunk
+    os.close(primary)
+    assert proc.wait(60) == 0, output.decode(errors="replace")
+    text = output.decode(errors="replace")
+    assert "local: " in text and "nothing to download" in text
+    assert "tiny (tiny/llama):" in text and "100%|" in text and "\r" in text  # tqdm redraws in place
+    assert "downloaded 8.3 MB" in text
+
+
+def test_pull_prints_plain_lines_when_not_on_a_terminal(hub: HubStandIn, hub_env: dict[str, str],
+                                                        tmp_path: Path) -> None:
+    done = pull("--config", str(_config(tmp_path)), "tiny", env=hub_env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("tiny (tiny/llama): 7 files, 8.3 MB, revision ")
+    assert lines[-1].startswith("tiny (tiny/llama): downloaded 8.3 MB in ")
+    assert "\r" not in done.stdout and "VELOXD_DOWNLOAD" not in done.stdout
+    again = pull("--config", str(_config(tmp_path)), "tiny", env=hub_env)
+    assert again.stdout.splitlines()[-1].startswith("tiny (tiny/llama): complete in the cache: ")
+    unknown = pull("--config", str(_config(tmp_path)), "nope", env=hub_env)
+    assert unknown.returncode == 2 and "no server named 'nope'" in unknown.stderr and "tiny, local" in unknown.stderr
+    assert json.loads(json.dumps(hub.served))  # the stand-in counted what it sent
