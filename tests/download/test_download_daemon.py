@@ -1,0 +1,119 @@
+"""The daemon's download phase against the hub stand-in (workers are the fast stand-in worker):
+progress events then ready, outside ready_timeout_s; a killed download continues; each failure
+ends in its state with its reason; `veloxd status` shows the percentage."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+from tests.download.conftest import GATED, MODEL, TINY
+from tests.fixtures.daemon_harness import DaemonHarness, entry
+from tests.fixtures.hub_standin import HubStandIn
+from tests.support import free_port, wait_until
+from veloxd.download import cache
+
+WANTED = sum(p.stat().st_size for p in TINY.iterdir() if cache.wanted(p.name))
+WEIGHTS = (TINY / "model.safetensors").stat().st_size
+DEADLINE = 120
+
+
+def test_download_reports_progress_then_starts_outside_the_ready_timeout(
+        hub: HubStandIn, hub_env: dict[str, str], tmp_path: Path) -> None:
+    hub.rate_bps = 2_000_000  # the weights take at least 4 s, four times ready_timeout_s
+    hub.hold(3_000_000)  # ...and wait half-way until `veloxd status` has been looked at
+    h = DaemonHarness(tmp_path)
+    h.write({"tiny": entry(free_port(), model=MODEL, ready_timeout_s=1)})
+    try:
+        h.start(env=hub_env)
+        h.wait_event("server_downloading", timeout=DEADLINE, server="tiny", state="downloading")
+        wait_until(lambda: ((h.server("tiny").get("download") or {}).get("done_bytes") or 0) >= 2_000_000,
+                   DEADLINE, what="2 MB reported (whole 1 MiB writes)")
+        shown = h.cli("status")
+        assert re.search(r"^tiny\s+downloading (\d+)%", shown.stdout, re.M), shown.stdout
+        assert f"tiny: downloading {MODEL}: " in shown.stdout and " MB of 8.3 MB" in shown.stdout
+        hub.release()
+        h.wait_states({"tiny": "ready"}, timeout=DEADLINE)
+    finally:
+        hub.release()
+        h.stop()
+        h.cleanup()
+    names = [r["event"] for r in h.records() if r.get("server") == "tiny"]
+    assert names.index("server_downloaded") < names.index("server_starting") < names.index("server_ready")
+    assert "server_ready_timeout" not in names and "server_backoff" not in names
+    progress = [r for r in h.events("server_downloading", server="tiny") if "done_bytes" in r]
+    assert len(progress) >= 2 and progress[-1]["total_bytes"] == WANTED
+    assert [p["done_bytes"] for p in progress] == sorted(p["done_bytes"] for p in progress)
+    assert all({"percent", "rate_bps", "eta_s"} <= p.keys() for p in progress)
+    done = h.events("server_downloaded", server="tiny")[0]
+    assert done["size_bytes"] == done["fetched_bytes"] == WANTED and done["resumed_from_bytes"] == 0
+    assert done["download_s"] > 1  # longer than ready_timeout_s: the timeout did not count it
+    assert h.events("server_starting", server="tiny")[0]["ready_timeout_s"] == 1
+
+
+def test_a_killed_download_continues_where_it_stopped(hub: HubStandIn, hub_env: dict[str, str], tmp_path: Path) -> None:
+    hub.hold(3_000_000)
+    h = DaemonHarness(tmp_path)
+    h.write({"tiny": entry(free_port(), model=MODEL)})
+    try:
+        h.start(env=hub_env)
+        wait_until(lambda: hub.served_bytes(MODEL, "model.safetensors") >= 3_000_000, DEADLINE, what="3 MB served")
+        partial = wait_until(lambda: next((p for p in Path(hub_env["HF_HOME"]).rglob("*.incomplete")
+                                           if p.stat().st_size >= 2 * 1024 * 1024), None), DEADLINE, what="partial")
+        step = h.server("tiny")
+        assert step["state"] == "downloading"
+        os.killpg(step["pid"], signal.SIGKILL)
+        failed = h.wait_event("server_download_failed", timeout=DEADLINE, server="tiny")
+        assert failed["reason"] == "error" and "killed by SIGKILL" in failed["message"]
+        kept = partial.stat().st_size
+        first = hub.served_bytes(MODEL, "model.safetensors")
+        hub.release()
+        h.wait_states({"tiny": "ready"}, timeout=DEADLINE)
+    finally:
+        hub.release()
+        h.stop()
+        h.cleanup()
+    second = hub.served_bytes(MODEL, "model.safetensors") - first
+    assert second == WEIGHTS - kept < WEIGHTS  # the kept part was not fetched again
+    done = h.events("server_downloaded", server="tiny")[-1]
+    assert done["resumed_from_bytes"] >= kept and done["fetched_bytes"] < WANTED
+    backoff = h.events("server_backoff", server="tiny")[0]
+    assert backoff["reason"] == "download_failed" and backoff["from_state"] == "downloading"
+
+
+def test_each_failure_gives_its_reason_and_state(hub: HubStandIn, hub_env: dict[str, str], tmp_path: Path) -> None:
+    """404 id, gated repo, too little disk and offline are FATAL at once; an unreachable hub backs off first."""
+    h = DaemonHarness(tmp_path)
+    h.write({
+        "missing": entry(free_port(), model="tiny/nope"),
+        "gated": entry(free_port(), model=GATED),
+        "full": entry(free_port(), model=MODEL, env={"VELOXD_TEST_DISK_FREE_BYTES": "1000000"}),
+        "offline": entry(free_port(), model=MODEL, env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf2")}),
+        "unreachable": entry(free_port(), model=MODEL,
+                             env={"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "HF_HOME": str(tmp_path / "hf3")}),
+    })
+    try:
+        h.start(env=hub_env)
+        servers = h.wait_states(dict.fromkeys(["missing", "gated", "full", "offline", "unreachable"], "fatal"),
+                                timeout=DEADLINE)
+        status = h.cli("status").stdout
+    finally:
+        h.stop()
+        h.cleanup()
+    reasons = {name: s["fatal_reason"] for name, s in servers.items()}
+    assert "has no model tiny/nope" in reasons["missing"] and "check `model:`" in reasons["missing"]
+    assert f"{GATED} is a gated model" in reasons["gated"] and "HF_TOKEN" in reasons["gated"]
+    assert "not enough disk space for tiny/llama" in reasons["full"] and "1.0 MB free" in reasons["full"]
+    assert "HF_HUB_OFFLINE" in reasons["offline"] and "veloxd pull" in reasons["offline"]
+    assert reasons["unreachable"].startswith("3 failures within 60s; last: cannot reach http://127.0.0.1:")
+    for name, reason in reasons.items():
+        assert f"{name}: {reason}" in status
+    for name in ("missing", "gated", "full", "offline"):  # at once: no backoff, no second try
+        assert not h.events("server_backoff", server=name), name
+        assert len(h.events("server_downloading", server=name)) == 1, name
+    assert len(h.events("server_backoff", server="unreachable")) == 2  # network trouble is retried
+    assert not any(r.get("server") == n and r["event"] == "server_starting" for r in h.records()
+                   for n in reasons)  # no worker was ever started
+    assert hub.served_bytes(MODEL) == 0 and hub.served_bytes(GATED) == 0
