@@ -104,7 +104,7 @@ class ServerEntry:
     description: str = key("", help="Free text shown by `veloxd status`; changing it restarts nothing.",
                            schema={"type": "string", "maxLength": 1000}, live=True)
     ready_timeout_s: float = key(600.0, help="Seconds allowed for loading the model until the worker reports "
-                                 "ready; longer counts as a failed start.",
+                                 "ready; longer counts as a failed start. A download before it does not count.",
                                  schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400}, live=True)
     stop_timeout_s: float = key(30.0, help="Seconds between SIGTERM and SIGKILL when stopping the server.",
                                 schema={"type": "number", "exclusiveMinimum": 0, "maximum": 3600}, live=True)
