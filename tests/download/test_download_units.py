@@ -57,6 +57,7 @@ def test_events_are_throttled_to_percent_steps_or_ten_seconds() -> None:
 
 def test_download_phase_turns_lines_into_throttled_events() -> None:
     phase = DownloadPhase(now=100.0)
+    assert phase.progress()["percent"] == 0.0  # nothing listed yet is not "complete"
     events = []
     lines = [{"event": "plan", "revision": "abc", "files": 3, "total_bytes": 1000, "local_bytes": 200}]
     lines += [{"event": "progress", "done_bytes": 200 + 8 * i, "total_bytes": 1000} for i in range(1, 101)]

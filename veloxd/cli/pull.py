@@ -99,7 +99,8 @@ def _pull_here(model: str, as_json: bool) -> int:
         print(f"veloxd pull: {err.message}", file=sys.stderr, flush=True)
         return exit_code_for(err.reason)
     except KeyboardInterrupt:
-        print(f"\nveloxd pull: interrupted; run it again to continue {model} where it stopped", file=sys.stderr)
+        if not as_json:  # as a child of `veloxd pull NAME`, the parent says it once
+            print(f"\nveloxd pull: interrupted; run it again to continue {model} where it stopped", file=sys.stderr)
         return 130
     finally:
         getattr(renderer, "close", lambda: None)()

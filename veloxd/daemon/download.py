@@ -73,7 +73,8 @@ class DownloadPhase:
         """Bytes done, total, percent, rate (over the last seconds) and ETA: the event and the status."""
         meter = self.meter
         eta = meter.eta()
-        return {"done_bytes": meter.done, "total_bytes": meter.total, "percent": percent(meter.done, meter.total),
+        done_percent = percent(meter.done, meter.total) if meter.total else 0.0  # 0 until the files are listed
+        return {"done_bytes": meter.done, "total_bytes": meter.total, "percent": done_percent,
                 "rate_bps": round(meter.rate()), "eta_s": None if eta is None else round(eta, 1)}
 
     def finished(self, now: float) -> dict[str, Any]:
