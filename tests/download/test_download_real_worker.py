@@ -40,3 +40,5 @@ def test_daemon_downloads_then_a_real_worker_serves_the_model(hub: HubStandIn, h
     ready = h.events("server_ready", server="tiny")[0]
     assert ready["ready"]["model"] == MODEL
     assert hub.served_bytes(MODEL) == served and len(hub.requests) == requests  # the worker never asked the hub
+    # ...not even on its first load: the one revision lookup is the download step's (workers run offline).
+    assert hub.requests.count(("GET", f"/api/models/{MODEL}/revision/main")) == 1
