@@ -1,4 +1,4 @@
-"""Where Hugging Face models live on disk, and whether one is complete there. Stdlib only.
+"""Where Hugging Face models live on disk, and whether one is complete there. No third-party imports.
 
 The daemon asks `local_snapshot` before starting an entry: a complete model skips the download
 phase entirely. The layout is huggingface_hub's cache (`models--owner--name/refs/main`,
@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import json
 import os
-import re
 from collections.abc import Iterable, Mapping
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Final
+
+from veloxd.config.semantic import HF_ID  # the config's own test of "a Hugging Face id"
 
 # The files mlx_lm.utils fetches for a model (its DEFAULT_ALLOW_PATTERNS; a test keeps them equal).
 ALLOW_PATTERNS: Final = (
@@ -28,7 +29,6 @@ ALLOW_PATTERNS: Final = (
     "*.jsonl",
     "*.jinja",
 )
-HF_ID: Final = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?/[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?$")
 TRUE_VALUES: Final = {"1", "ON", "YES", "TRUE"}  # huggingface_hub's reading of boolean variables
 REVISION: Final = "main"
 
