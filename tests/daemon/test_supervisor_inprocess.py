@@ -18,6 +18,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
+from tests.fixtures.daemon_harness import FAKE_MODEL
 from tests.support import free_port
 from veloxd.config import Config
 from veloxd.config.model import ServerEntry
@@ -61,6 +62,12 @@ class FakeSpawner:
         self.children.append((name, spawn_id, child))
         return child
 
+    def spawn_download(self, name: str, spawn_id: int, entry: ServerEntry) -> FakeChild:
+        child = FakeChild(argv=["veloxd", "pull", "--progress-json", "--model", entry.model],
+                          pid=1000 + len(self.children))
+        self.children.append((name, spawn_id, child))
+        return child
+
     def probe_health(self, name: str, spawn_id: int, host: str, port: int, deadline: float) -> threading.Event:
         self.probes.append((name, spawn_id))
         return threading.Event()
@@ -71,7 +78,7 @@ class FakeSpawner:
 
 
 def make_entry(name: str, port: int, **extra: Any) -> ServerEntry:
-    data = {"model": "test/fake-model", "port": port, "method": "fp16", "ready_timeout_s": 30,
+    data = {"model": FAKE_MODEL, "port": port, "method": "fp16", "ready_timeout_s": 30,
             "stop_timeout_s": 5, "restart": dict(RESTART), **extra}
     return ServerEntry.from_dict(name, data)
 

@@ -1,0 +1,93 @@
+"""The download phase inside the supervisor, on a fake clock with a fake spawner: which state each
+verdict of the download step leads to, when ready_timeout_s starts, how progress is throttled."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from tests.daemon.test_supervisor_inprocess import FakeSpawner, config_of, make_entry
+from tests.support import free_port
+from veloxd.config.plan import diff
+from veloxd.daemon import messages as m
+from veloxd.daemon.state import ServerState
+from veloxd.daemon.supervisor import Supervisor
+from veloxd.download.protocol import EXIT_FATAL, EXIT_RETRY
+
+S = ServerState
+
+
+def setup(tmp_path: Path, **extra: Any) -> tuple[Supervisor, FakeSpawner, Any]:
+    spawner = FakeSpawner()
+    sup = Supervisor(spawner, structlog.get_logger("test"))  # type: ignore[arg-type]
+    entry = make_entry("a", free_port(), model="o/m", env={"HF_HOME": str(tmp_path / "empty")}, **extra)
+    sup.apply(diff(None, config_of(entry)), {"a": entry}, now=0.0)
+    return sup, spawner, entry
+
+
+def line(sup: Supervisor, spawner: FakeSpawner, now: float, **payload: Any) -> None:
+    spawn_id, _ = spawner.latest("a")
+    sup.on_message(m.DownloadLine("a", spawn_id, payload), now)
+
+
+def exit_step(sup: Supervisor, spawner: FakeSpawner, code: int, now: float) -> None:
+    spawn_id, child = spawner.latest("a")
+    child.returncode = code
+    sup.on_message(m.ChildExited("a", spawn_id, code), now)
+
+
+def test_download_then_the_worker_with_the_ready_timeout_from_then(tmp_path: Path) -> None:
+    with structlog.testing.capture_logs() as events:
+        sup, spawner, _ = setup(tmp_path, ready_timeout_s=30)
+        server = sup.servers["a"]
+        assert server.state is S.DOWNLOADING and spawner.latest("a")[1].argv[:3] == ["veloxd", "pull", "--progress-json"]
+        assert server.next_deadline() is None  # no timeout while downloading
+        line(sup, spawner, 1.0, event="plan", revision="c" * 40, files=2, total_bytes=1000, local_bytes=0)
+        for second in range(2, 600):  # ten minutes at 1.6 bytes/s: far longer than ready_timeout_s
+            line(sup, spawner, float(second), event="progress", done_bytes=second * 1000 // 600, total_bytes=1000)
+            sup.tick(float(second))
+        assert server.state is S.DOWNLOADING and server.snapshot()["download"]["percent"] == 99.8
+        line(sup, spawner, 600.0, event="done", total_bytes=1000, fetched_bytes=1000, revision="c" * 40, path="/p")
+        exit_step(sup, spawner, 0, 600.5)
+        assert server.state is S.STARTING and spawner.latest("a")[1].argv[:2] == ["veloxd", "serve"]
+        assert server.next_deadline() == 600.5 + 30  # the ready timeout starts with loading
+        assert server.snapshot()["download"] is None and server.snapshot()["restarts"] == 0
+    progress = [e for e in events if e["event"] == "server_downloading" and "done_bytes" in e]
+    assert 20 <= len(progress) <= 80  # every 5 % or 10 s, not one per line
+    done = next(e for e in events if e["event"] == "server_downloaded")
+    assert done["download_s"] == 600.5 and done["size_bytes"] == 1000
+
+
+def test_a_fatal_verdict_is_fatal_at_once_with_the_message(tmp_path: Path) -> None:
+    sup, spawner, _ = setup(tmp_path)
+    line(sup, spawner, 1.0, event="failed", reason="gated", message="o/m is a gated model: accept its terms")
+    exit_step(sup, spawner, EXIT_FATAL, 1.5)
+    server = sup.servers["a"]
+    assert server.state is S.FATAL and server.fatal_reason == "o/m is a gated model: accept its terms"
+    assert len(spawner.children) == 1  # no retry, no worker
+
+
+def test_network_trouble_backs_off_and_downloads_again(tmp_path: Path) -> None:
+    sup, spawner, _ = setup(tmp_path)
+    server = sup.servers["a"]
+    line(sup, spawner, 1.0, event="failed", reason="network", message="cannot reach the hub")
+    exit_step(sup, spawner, EXIT_RETRY, 1.0)
+    assert server.state is S.BACKOFF and server.next_deadline() == 2.0  # backoff_initial_s
+    sup.tick(2.0)
+    assert server.state is S.DOWNLOADING and len(spawner.children) == 2
+    exit_step(sup, spawner, EXIT_RETRY, 3.0)
+    sup.tick(5.0)
+    exit_step(sup, spawner, EXIT_RETRY, 6.0)  # the third failure within the window: FATAL, with the last message
+    assert server.state is S.FATAL and server.fatal_reason.startswith("3 failures within 600s; last: ")
+
+
+def test_stopping_during_a_download_terminates_the_step(tmp_path: Path) -> None:
+    sup, spawner, _ = setup(tmp_path)
+    sup.stop_all(1.0)
+    _, step = spawner.latest("a")
+    assert sup.servers["a"].state is S.STOPPING and step.signals == [signal.SIGTERM]
+    exit_step(sup, spawner, -signal.SIGTERM, 1.2)
+    assert sup.servers["a"].state is S.STOPPED
