@@ -9,7 +9,10 @@ BENCH_STAMP := $(VENV)/.installed-bench
 OPENBLAS := $(firstword $(wildcard /usr/lib/*/openblas-pthread/libblas.so.3))
 BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
 
-.PHONY: run test test-fast lint bench bench-quick bench-kv bench-daemon schema clean
+# The dashboard's browser tests drive Debian's chromium through Playwright (no browser download).
+CHROMIUM := /usr/bin/chromium
+
+.PHONY: run test test-fast lint browser bench bench-quick bench-kv bench-daemon schema clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,10 +32,10 @@ PYTEST := $(PY) -m pytest -q -n auto --dist loadscope
 # pytest exits 5 when it collects no tests: a broken layout, which must fail loudly, never pass.
 NAME_NO_TESTS := || { status=$$?; if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$status; }
 
-test: $(STAMP)
+test: $(STAMP) browser
 	$(PYTEST) tests $(NAME_NO_TESTS)
 
-test-fast: $(STAMP)
+test-fast: $(STAMP) browser
 	$(PYTEST) -m "not slow" tests $(NAME_NO_TESTS)
 
 # Lint and type-check the whole tree (config in pyproject.toml). The format check joins once the
@@ -42,6 +45,19 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(if $(FORMAT_CHECK),$(VENV)/bin/ruff format --check .)
 	$(VENV)/bin/mypy
+
+# Installs chromium when missing and we are root (CI, dev machines); otherwise the browser tests
+# fail naming what is missing (they never skip silently).
+browser:
+	@if [ ! -x $(CHROMIUM) ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing chromium for the dashboard's browser tests"; \
+			apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q chromium >/dev/null \
+				|| echo "make browser: could not install chromium; the browser tests will fail" >&2; \
+		else \
+			echo "make browser: $(CHROMIUM) is missing (install Debian's chromium as root); the browser tests will fail" >&2; \
+		fi; \
+	fi
 
 schema: $(STAMP)
 	$(PY) -m veloxd schema > schemas/veloxd.schema.json

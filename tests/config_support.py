@@ -113,7 +113,7 @@ FIELD_CASES = [
     ]),
     ("top-level-typo", "version: 1\nserver:\n  coder: {model: ./model, port: 8081, method: fp16}\n", [
         (1, 1, "$.servers", "missing required key 'servers'"),
-        (2, 1, "$.server", "unknown top-level key 'server'; did you mean 'servers'? (valid: version, servers, x-*)"),
+        (2, 1, "$.server", "unknown top-level key 'server'; did you mean 'servers'? (valid: version, servers, dashboard, x-*)"),
     ]),
     ("setting-outside-overrides", entry("model: ./model\nport: 8081\nmethod: kivi\nkivi_group_size: 64"), [
         (7, 5, "$.servers.coder.kivi_group_size", "kivi_group_size is a KV-cache setting: put it under overrides"),

@@ -32,7 +32,7 @@ def test_structlog_and_stdlib_lines_share_one_json_shape(tmp_path: Path) -> None
         import logging
         from pathlib import Path
         from veloxd.daemon.logs import configure_logging, get_logger
-        configure_logging(Path({str(log_file)!r}), to_stdout=False, max_bytes=4000, backups=3)
+        configure_logging(Path({str(log_file)!r}), log_format="auto", max_bytes=4000, backups=3)
         get_logger("veloxd.daemon").info("daemon_started", pid=42)
         logging.getLogger("watchdog.observers").warning("inotify %s", "overflow")
         logging.getLogger("watchdog.observers").debug("dropped: below WARNING")

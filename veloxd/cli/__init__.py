@@ -20,6 +20,7 @@ COMMAND_MODULES = (
     "veloxd.cli.daemon",  # run, status, reload, restart, logs
     "veloxd.cli.service",  # install, uninstall
     "veloxd.cli.pull",  # pull
+    "veloxd.cli.web",  # web (internal: the dashboard process)
 )
 
 

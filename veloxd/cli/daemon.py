@@ -10,6 +10,7 @@ import json
 import shlex
 import sys
 from pathlib import Path
+from typing import TextIO, cast
 
 from veloxd import paths
 from veloxd.service.spec import DEFAULT_LABEL
@@ -29,6 +30,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--config", type=Path, help=f"config file (default $VELOXD_CONFIG or {paths.default_config_path()})")
     p.add_argument("--log-file", type=Path, help=f"JSON-lines log, size-rotated (default {paths.default_log_file()})")
+    p.add_argument(
+        "--log-format",
+        choices=("auto", "console", "json"),
+        default="auto",
+        help="how events are printed on stdout: console (readable lines; colors on a terminal unless NO_COLOR "
+        "is set), json (the log file's lines), auto (console on a terminal, nothing otherwise; default). "
+        "The log file is always JSON",
+    )
+    p.add_argument("--log-level", choices=("debug", "info", "warning"), default="info",
+                   help="lowest level logged, to the file and stdout (default info; debug adds each worker's argv)")
     _state_dir_arg(p)
     p.add_argument(
         "--worker-command",
@@ -58,6 +69,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
     p.add_argument("--lines", "-n", type=int, metavar="N", help="only the last N matching lines")
     p.add_argument("--log-file", type=Path, help="log file (default: the running daemon's, else the default)")
+    p.add_argument("--pretty", action="store_true",
+                   help="render each event as `veloxd run` does on a terminal (colors unless NO_COLOR is set)")
     _state_dir_arg(p)
     p.set_defaults(func=logs)
 
@@ -67,6 +80,8 @@ def _state_dir(args: argparse.Namespace) -> Path:
 
 
 def run(args: argparse.Namespace) -> int:
+    import logging
+
     from veloxd.daemon.daemon import Daemon, RunOptions
     from veloxd.daemon.logs import configure_logging
     from veloxd.daemon.process import default_worker_command
@@ -85,7 +100,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"veloxd run: error: {err}", file=sys.stderr)
         return 1
     try:
-        configure_logging(log_file)
+        configure_logging(log_file, log_format=args.log_format, level=getattr(logging, args.log_level.upper()))
     except OSError as err:
         print(f"veloxd run: error: cannot open the log file {log_file}: {err.strerror or err}", file=sys.stderr)
         lock.close()
@@ -168,12 +183,33 @@ def logs(args: argparse.Namespace) -> int:
     recorded = ((read_state(_state_dir(args)) or {}).get("daemon") or {}).get("log_file")
     log_file = (args.log_file or (Path(recorded) if recorded else paths.default_log_file())).expanduser()
     lines = read_lines(log_file, args.server)
+    out = cast(TextIO, _PrettyOut(sys.stdout)) if args.pretty else sys.stdout
     try:
         for line in deque(lines, maxlen=args.lines) if args.lines is not None else lines:
-            print(line)
-        sys.stdout.flush()
+            out.write(line + "\n")
+        out.flush()
         if args.follow:
-            follow(log_file, args.server, sys.stdout)
+            follow(log_file, args.server, out)
     except (KeyboardInterrupt, BrokenPipeError):
         return 0
     return 0
+
+
+class _PrettyOut:
+    """A text stream that renders each JSON log line it is given as a console line."""
+
+    def __init__(self, stream: TextIO) -> None:
+        from veloxd.daemon.console import ConsoleProcessor, use_colors
+
+        self._stream = stream
+        self._processor = ConsoleProcessor(use_colors(stream), with_date=True)
+
+    def write(self, text: str) -> int:
+        from veloxd.daemon.console import pretty_line
+
+        for line in text.splitlines():
+            self._stream.write(pretty_line(line, self._processor) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        self._stream.flush()

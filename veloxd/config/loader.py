@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from veloxd.config.errors import ConfigError, ConfigIssue, json_path, one_line
-from veloxd.config.model import VERSION, Config, ServerEntry
-from veloxd.config.semantic import check_entry, endpoint_conflicts
+from veloxd.config.model import VERSION, Config, ServerEntry, dashboard_from_dict
+from veloxd.config.semantic import check_dashboard, check_entry, endpoint_conflicts
 from veloxd.config.source import SourceProblem, read_source
 from veloxd.config.validate import locate, schema_issues
 from veloxd.config.yaml_nodes import YamlProblem, parse
@@ -72,9 +72,16 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
             servers[name] = entry
     for name, message in endpoint_conflicts(_endpoints(raw_servers)):
         issues.append(locate(file, spans, ("servers", name, "port"), message))
+    dashboard = None
+    raw_dashboard = data.get("dashboard")
+    if isinstance(raw_dashboard, dict) and not any(p[:1] == ("dashboard",) for p in bad_paths):
+        problems = check_dashboard(raw_dashboard, _endpoints(raw_servers))
+        issues += [locate(file, spans, ("dashboard", *p), message) for p, message in problems]
+        dashboard = dashboard_from_dict(raw_dashboard)
     if issues:
         return _invalid(issues)
-    return Inspection(Config(version=VERSION, servers=servers, source=str(source.path), sha256=source.sha256))
+    return Inspection(Config(version=VERSION, servers=servers, source=str(source.path), sha256=source.sha256,
+                             dashboard=dashboard))
 
 
 def _invalid(issues: list[ConfigIssue]) -> Inspection:

@@ -175,6 +175,24 @@ class ServerEntry:
 
 
 @dataclass(frozen=True)
+class Dashboard:
+    """The `dashboard:` block: a local web page and /metrics, served by the `veloxd web` process."""
+
+    host: str = key("127.0.0.1", help="Loopback address the dashboard and /metrics bind (it shows logs and "
+                    "states without authentication, so only 127.0.0.1, ::1 or localhost).",
+                    schema={"type": "string", "pattern": HOST_PATTERN, "maxLength": 253})
+    port: int = key(8090, help="TCP port of the dashboard, its JSON API and /metrics.",
+                    schema={"type": "integer", "minimum": 1, "maximum": 65535})
+    api_key_env: str | None = key(None, help="Name of an environment variable of the daemon holding the bearer "
+                                  "token that enables actions (restart, reload) from the page and API; unset: "
+                                  "read-only.", schema={"type": ["string", "null"], "pattern": ENV_NAME_PATTERN})
+    interval_s: float = key(1.0, help="Seconds between samples of states, memory and request counters (live "
+                            "updates and charts).", schema={"type": "number", "minimum": 0.2, "maximum": 60})
+    history: int = key(900, help="Samples kept for the memory and tokens-per-second charts.",
+                       schema={"type": "integer", "minimum": 10, "maximum": 100000})
+
+
+@dataclass(frozen=True)
 class Config:
     """A whole veloxd.yaml: `servers` in file order; `sha256` of the file's bytes."""
 
@@ -182,6 +200,9 @@ class Config:
     servers: Mapping[str, ServerEntry]
     source: str
     sha256: str
+    dashboard: Dashboard | None = field(default=None, metadata={
+        "section": Dashboard, "help": "A local dashboard and Prometheus /metrics (`veloxd web`, supervised by "
+        "the daemon); absent: none."})
 
 
 def yaml_fields(cls: type) -> tuple[dataclasses.Field, ...]:
@@ -196,6 +217,7 @@ def config_to_dict(config: Config) -> dict[str, Any]:
         "source": config.source,
         "sha256": config.sha256,
         "servers": {name: entry.to_dict() for name, entry in config.servers.items()},
+        "dashboard": dataclasses.asdict(config.dashboard) if config.dashboard is not None else None,
     }
 
 
@@ -204,9 +226,17 @@ def config_from_dict(data: Mapping[str, Any]) -> Config:
     try:
         servers = {name: ServerEntry.from_dict(name, entry) for name, entry in data["servers"].items()}
         return Config(version=int(data["version"]), servers=servers,
-                      source=str(data["source"]), sha256=str(data["sha256"]))
+                      source=str(data["source"]), sha256=str(data["sha256"]),
+                      dashboard=dashboard_from_dict(data.get("dashboard")))
     except (KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"malformed config data: {type(err).__name__}: {err}") from None
+
+
+def dashboard_from_dict(data: Mapping[str, Any] | None) -> Dashboard | None:
+    """The `dashboard:` block from schema-valid data; None when absent."""
+    if data is None:
+        return None
+    return Dashboard(**{f.name: _coerce(f, data[f.name]) for f in yaml_fields(Dashboard) if f.name in data})
 
 
 def _kv_to_dict(kv: KVCacheConfig) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from veloxd.config.model import NAME_PATTERN, VERSION, ServerEntry, yaml_fields
+from veloxd.config.model import NAME_PATTERN, VERSION, Config, ServerEntry, yaml_fields
 from veloxd.kv import registry
 from veloxd.kv.config import settings
 from veloxd.kv.registry import MethodInfo
@@ -46,6 +46,7 @@ def build_schema(fields: Fields | None = None, methods: Sequence[MethodInfo] | N
                 "additionalProperties": {"$ref": "#/definitions/server"},
                 "default": {},
             },
+            "dashboard": _optional_block(Config, "dashboard"),
         },
         "patternProperties": {
             "^x-": {"description": "Extension keys, ignored by veloxd: a place for YAML anchors that several "
@@ -172,6 +173,14 @@ def _key_schema(f: dataclasses.Field) -> dict[str, Any]:
         f.default_factory is not dataclasses.MISSING else f.default
     if out["default"] is dataclasses.MISSING:
         del out["default"]
+    return out
+
+
+def _optional_block(cls: type, name: str) -> dict[str, Any]:
+    """A top-level block that is off when absent (so it has no default of its own)."""
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    out = _section_schema(f)
+    del out["default"]
     return out
 
 

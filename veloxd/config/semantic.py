@@ -69,6 +69,20 @@ def endpoint_conflicts(endpoints: dict[str, tuple[str, int]]) -> list[tuple[str,
     return conflicts
 
 
+def check_dashboard(raw: dict[str, Any], servers: dict[str, tuple[str, int]]) -> Problems:
+    """The `dashboard:` block: loopback only (it shows logs unauthenticated), a port of its own."""
+    problems: Problems = []
+    host, port = raw.get("host", "127.0.0.1"), raw.get("port", 8090)
+    if not is_loopback(host):
+        problems.append((("host",), f"dashboard host {host} is not a loopback address: the dashboard shows logs "
+                                    "and states without authentication, so it binds 127.0.0.1, ::1 or localhost"))
+    for other, (other_host, other_port) in servers.items():
+        if port == other_port and _same_address(host, other_host):
+            problems.append((("port",), f"dashboard {host}:{port} is already used by server '{other}'"))
+            break
+    return problems
+
+
 def is_loopback(host: str) -> bool:
     if host.lower() == "localhost":
         return True

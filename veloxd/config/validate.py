@@ -116,7 +116,7 @@ def _bad_name(path: tuple, name: Any, err: ValidationError) -> str:
 def _unknown_key(path: tuple, name: str, allowed: list[str], data: Any) -> str:
     kv_fields = [f.name for f in settings()]
     if path == ():
-        return f"unknown top-level key '{name}'{did_you_mean(name, allowed)} (valid: version, servers, x-*)"
+        return f"unknown top-level key '{name}'{did_you_mean(name, allowed)} (valid: {', '.join(allowed)}, x-*)"
     if len(path) == 2 and path[0] == "servers":
         if name in kv_fields and name not in OWN_KEYS:
             return f"{name} is a KV-cache setting: put it under overrides"

@@ -19,11 +19,13 @@ from pathlib import Path
 from typing import Any
 
 from veloxd.daemon import messages as m
+from veloxd.daemon.logs import RECENT
 from veloxd.daemon.statefile import read_state
 
 SOCKET_NAME = "control.sock"
 MAX_UNIX_PATH = 100  # sun_path is 104 bytes on macOS, 108 on Linux
 REQUEST_TIMEOUT_S = 30.0
+MAX_ANSWER_BYTES = 64 << 20  # a status or an events page; requests themselves stay under 64 KiB
 
 
 class DaemonUnreachable(RuntimeError):
@@ -92,7 +94,9 @@ class ControlServer:
                 return
             reply = m.Reply()
             message = _to_message(request, reply) if isinstance(request, dict) else None
-            if message is None:
+            if isinstance(request, dict) and request.get("command") == "events":
+                answer = _events(request)  # the log ring has its own lock: no trip through the loop
+            elif message is None:
                 answer: dict[str, Any] | None = {"ok": False, "error": f"unknown request: {request!r}"}
             else:
                 self._inbox.put(message)
@@ -101,14 +105,22 @@ class ControlServer:
                 conn.sendall(json.dumps(answer, default=str).encode() + b"\n")
 
 
+def _events(request: dict[str, Any]) -> dict[str, Any]:
+    """`{"command": "events", "after": N, "limit": L, "server": NAME}`: recent log events numbered above N."""
+    after, limit, server = request.get("after", 0), request.get("limit", 500), request.get("server")
+    if not isinstance(after, int) or not isinstance(limit, int) or not (server is None or isinstance(server, str)):
+        return {"ok": False, "error": "events: after and limit are integers, server a name"}
+    return {"ok": True, **RECENT.since(after, limit, server)}
+
+
 def _read_line(conn: socket.socket, limit: int = 65536) -> bytes:
-    data = b""
+    data = bytearray()
     while not data.endswith(b"\n") and len(data) < limit:
-        chunk = conn.recv(4096)
+        chunk = conn.recv(65536)
         if not chunk:
             break
         data += chunk
-    return data
+    return bytes(data)
 
 
 def request(state_dir: Path, payload: dict[str, Any], timeout: float = REQUEST_TIMEOUT_S + 5) -> dict[str, Any]:
@@ -116,9 +128,21 @@ def request(state_dir: Path, payload: dict[str, Any], timeout: float = REQUEST_T
 
     Raises DaemonUnreachable when no daemon listens there.
     """
+    return request_at(socket_path_of(state_dir), payload, timeout)
+
+
+def socket_path_of(state_dir: Path) -> Path:
+    """The control socket the daemon of `state_dir` recorded in its state file (else the default place)."""
     state = read_state(state_dir) or {}
     recorded = (state.get("daemon") or {}).get("control_socket")
-    path = Path(recorded) if recorded else socket_path(state_dir)
+    return Path(recorded) if recorded else socket_path(state_dir)
+
+
+def request_at(path: Path, payload: dict[str, Any], timeout: float = REQUEST_TIMEOUT_S + 5) -> dict[str, Any]:
+    """Send one request to the control socket at `path` and return the answer.
+
+    Raises DaemonUnreachable when no daemon listens there.
+    """
     with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
         sock.settimeout(timeout)
         try:
@@ -127,7 +151,7 @@ def request(state_dir: Path, payload: dict[str, Any], timeout: float = REQUEST_T
             raise DaemonUnreachable(f"no veloxd daemon is listening on {path} ({err.strerror or err})") from None
         try:
             sock.sendall(json.dumps(payload).encode() + b"\n")
-            line = _read_line(sock)
+            line = _read_line(sock, MAX_ANSWER_BYTES)
         except OSError as err:
             raise DaemonUnreachable(f"the daemon on {path} did not answer ({err})") from None
     if not line:

@@ -24,6 +24,7 @@ from veloxd.daemon.orphans import end_orphans
 from veloxd.daemon.process import Lifeline, process_start_time
 from veloxd.daemon.reload import ConfigSource, Invalid, Unchanged, Valid
 from veloxd.daemon.server import wall_clock
+from veloxd.daemon.sidecar import DashboardSidecar, web_command
 from veloxd.daemon.statefile import SCHEMA_VERSION, read_state, write_state
 from veloxd.daemon.supervisor import Supervisor, WorkerSpawner
 from veloxd.daemon.watch import Debounce, Watcher, stat_signature
@@ -69,6 +70,8 @@ class Daemon:
         self.lifeline = Lifeline()
         spawner = WorkerSpawner(options.worker_command, self.lifeline, self.inbox, get_logger("veloxd.server"))
         self.supervisor = Supervisor(spawner, get_logger("veloxd.server"))
+        web = WorkerSpawner(web_command(), self.lifeline, self.inbox, get_logger("veloxd.dashboard"))
+        self.dashboard = DashboardSidecar(web, get_logger("veloxd.dashboard"), options.state_dir)
         self.control = ControlServer(socket_path(options.state_dir), self.inbox)
         self.watcher = Watcher(options.config_path, self.inbox)
         self._install_signals()
@@ -97,7 +100,7 @@ class Daemon:
         signal.signal(signal.SIGHUP, lambda signum, frame: put(m.ReloadRequested("sighup")))
 
     def _loop(self) -> None:
-        while not (self._stopping and self.supervisor.all_stopped()):
+        while not (self._stopping and self.supervisor.all_stopped() and self.dashboard.supervisor.all_stopped()):
             now = time.monotonic()
             try:
                 message = self.inbox.get(timeout=max(0.0, self._next_wakeup(now) - now))
@@ -111,13 +114,14 @@ class Daemon:
 
     def _next_wakeup(self, now: float) -> float:
         deadlines = [self._next_poll, self.supervisor.next_deadline(), self._config_debounce.deadline(),
-                     self.models.deadline()]
+                     self.models.deadline(), self.dashboard.supervisor.next_deadline()]
         return min((d for d in deadlines if d is not None), default=now + POLL_S)
 
     # ---- messages -------------------------------------------------------------------------
     def _handle(self, msg: Any, now: float) -> None:
         if isinstance(msg, (m.ChildExited, m.ReadyLine, m.DownloadLine, m.Healthy)):
             self.supervisor.on_message(msg, now)
+            self.dashboard.supervisor.on_message(msg, now)  # each ignores the other's names
         elif isinstance(msg, m.Shutdown):
             self._shutdown(msg.signum, now)
         elif isinstance(msg, m.StatusRequested):
@@ -136,12 +140,13 @@ class Daemon:
 
     def _shutdown(self, signum: int, now: float) -> None:
         if self._stopping:  # a second signal: do not wait for the grace periods
-            for server in self.supervisor.servers.values():
+            for server in [*self.supervisor.servers.values(), *self.dashboard.supervisor.servers.values()]:
                 server.kill_now()
             return
         self._stopping = True
         self.log.info("daemon_stopping", pid=os.getpid(), signal=signal.Signals(signum).name)
         self.supervisor.stop_all(now)
+        self.dashboard.supervisor.stop_all(now)
         for reply in self._waiting_replies:
             reply.send({"ok": False, "error": "the daemon is stopping"})
         self._waiting_replies.clear()
@@ -160,6 +165,7 @@ class Daemon:
     # ---- timers ---------------------------------------------------------------------------
     def _timers(self, now: float) -> None:
         self.supervisor.tick(now)
+        self.dashboard.supervisor.tick(now)
         if self._stopping:
             return
         if now >= self._next_poll:
@@ -230,6 +236,7 @@ class Daemon:
                       servers=list(new.servers), plan=summary)
         self.config = new
         self.supervisor.apply(plan, new.servers, now)
+        self.dashboard.apply(new.dashboard, now)
         self.watcher.set_model_dirs(self.models.update(new.servers))
         self.last_reload = {"ok": True, "at": wall_clock(), "source": source, "config_sha256": new.sha256,
                             "plan": summary}
@@ -252,6 +259,7 @@ class Daemon:
             "degraded": self.config is None,
             "last_reload": self.last_reload,
             "servers": self.supervisor.snapshot(),
+            "dashboard": self.dashboard.snapshot(),
         }
 
     def _config_as_dict(self) -> dict[str, Any] | None:

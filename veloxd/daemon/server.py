@@ -64,6 +64,8 @@ class ServerProcess:
         self.ready_payload: dict[str, Any] | None = None
         self.fatal_reason: str | None = None
         self.download: DownloadPhase | None = None  # while DOWNLOADING
+        self.startup_s: float | None = None
+        self.last_error: str | None = None  # what a person should read first after a failure
         self._spawner = spawner
         self._log = log.bind(server=entry.name)
         self._spawned_at = 0.0
@@ -139,7 +141,8 @@ class ServerProcess:
         self._awaiting_exit = True
         self._spawned_at = now
         self._ready_deadline = now + entry.ready_timeout_s
-        self._become(S.STARTING, argv=self.child.argv, ready_timeout_s=entry.ready_timeout_s, **where)
+        self._become(S.STARTING, ready_timeout_s=entry.ready_timeout_s, **where)
+        self._log.debug("server_command", pid=self.child.pid, argv=self.child.argv)  # once, for debugging
 
     def stop(self, now: float) -> None:
         """Any state -> STOPPING: SIGTERM to the worker's group; STOPPED at once without one."""
@@ -183,7 +186,8 @@ class ServerProcess:
         if spawn_id != self.spawn_id or self.state is not S.STARTING:
             return
         self._probe_cancel = None
-        self._become(S.READY, startup_s=round(now - self._spawned_at, 3), ready=self.ready_payload)
+        self.startup_s = round(now - self._spawned_at, 3)
+        self._become(S.READY, startup_s=self.startup_s, ready=self.ready_payload)
 
     def on_exit(self, spawn_id: int, returncode: int, now: float) -> None:
         if spawn_id != self.spawn_id or self.child is None or not self._awaiting_exit:
@@ -206,6 +210,9 @@ class ServerProcess:
         if self.state not in (S.STARTING, S.READY):
             return
         reason = "ready_timeout" if self._timed_out else "exited"
+        stderr = [line for line in tail.get("stderr", []) if line.strip()]
+        exit_text = describe_exit(returncode)
+        self.last_error = stderr[-1] if stderr else f"{reason}: {exit_text['signal'] or 'code ' + str(exit_text['code'])}"
         unfixable = None
         if returncode == UNFIXABLE_EXIT:
             unfixable = "worker exited with code 2 (invalid input or port in use; see last_lines)"
@@ -267,6 +274,8 @@ class ServerProcess:
 
     def _give_up(self, reason: str, **event: Any) -> None:
         self.fatal_reason = reason
+        if "last_lines" not in event:  # else the worker's own last stderr line says more
+            self.last_error = reason
         self._become(S.FATAL, reason=reason, **event)
 
     def _cancel_probe(self) -> None:
@@ -293,5 +302,8 @@ class ServerProcess:
             "last_exit": self.last_exit,
             "fatal_reason": self.fatal_reason,
             "download": self.download.progress() if self.download is not None else None,
+            "last_error": self.last_error,
+            "startup_s": self.startup_s,
+            "ready": self.ready_payload,  # the worker's READY line: bits, measured KV bytes per token, endpoints
             "stop_timeout_s": entry.stop_timeout_s,
         }

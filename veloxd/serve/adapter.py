@@ -2,7 +2,8 @@
 
 It builds the argument namespace mlx_lm's server reads, hooks `ModelProvider._load` (the model
 loads on mlx_lm's generation thread, where its arrays must live), subclasses `APIHandler`
-(bearer auth, model pinning, a /v1/models that needs no Hugging Face cache), and runs the
+(bearer auth, model pinning, a /v1/models that needs no Hugging Face cache, request counters on
+GET /veloxd/stats), and runs the
 HTTP server with that handler (mlx_lm's own `run()` ignores `handler_class`).
 An mlx_lm upgrade that changes any of this breaks here and in tests/test_serve_adapter.py.
 """
@@ -20,6 +21,8 @@ from typing import Any
 
 import mlx_lm
 from mlx_lm import server as mlx_server
+
+from veloxd.serve.stats import STATS_PATH, RequestStats, RequestTimer
 
 TESTED_RANGE = ((0, 32, 2), (0, 33, 0))
 
@@ -94,10 +97,37 @@ class PinnedProvider(mlx_server.ModelProvider):
         self.is_batchable = self._on_loaded(self.model, self.tokenizer)
 
 
-def handler_class(model_id: str, accepted_names: set[str], api_key: str | None) -> type:
-    """APIHandler with bearer auth, model pinning and a self-contained /v1/models."""
+class CountingGenerator:
+    """mlx_lm's ResponseGenerator as one request sees it: its tokens counted and timed by `timer`."""
+
+    def __init__(self, inner: Any, timer: RequestTimer) -> None:
+        self.inner = inner
+        self._timer = timer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def generate(self, request: Any, generation_args: Any, progress_callback: Any = None) -> tuple[Any, Any]:
+        ctx, tokens = self.inner.generate(request, generation_args, progress_callback=progress_callback)
+        self._timer.prompt(len(ctx.prompt))
+        return ctx, self._timer.tokens(tokens)
+
+
+def handler_class(model_id: str, accepted_names: set[str], api_key: str | None,
+                  stats: RequestStats | None = None) -> type:
+    """APIHandler with bearer auth, model pinning, a self-contained /v1/models and request counters."""
+    counters = stats if stats is not None else RequestStats()
 
     class VeloxHandler(mlx_server.APIHandler):
+        def __init__(self, response_generator: Any, *args: Any, **kwargs: Any) -> None:
+            self._shared_generator = response_generator
+            self._status = 0
+            super().__init__(response_generator, *args, **kwargs)
+
+        def send_response(self, code: int, message: str | None = None) -> None:
+            self._status = code
+            super().send_response(code, message)
+
         def _authorized(self) -> bool:
             if api_key is None or self.path == "/health":
                 return True
@@ -119,6 +149,12 @@ def handler_class(model_id: str, accepted_names: set[str], api_key: str | None) 
         def do_GET(self) -> None:
             if not self._authorized():
                 return
+            if self.path.split("?")[0] == STATS_PATH:
+                self._set_completion_headers(200)
+                self.end_headers()
+                queued = self._shared_generator.requests.qsize()
+                self.wfile.write(json.dumps(counters.to_dict(queued=queued)).encode())
+                return
             if self.path.split("?")[0].rstrip("/") in ("/v1/models", f"/v1/models/{model_id}"):
                 self._set_completion_headers(200)
                 self.end_headers()
@@ -128,8 +164,14 @@ def handler_class(model_id: str, accepted_names: set[str], api_key: str | None) 
             super().do_GET()
 
         def do_POST(self) -> None:
-            if self._authorized():
-                super().do_POST()
+            timer = counters.begin()
+            self._status = 0
+            self.response_generator = CountingGenerator(self._shared_generator, timer)
+            try:
+                if self._authorized():
+                    super().do_POST()
+            finally:
+                timer.finish(self._status or 500)  # no response sent: the handler failed
 
         def handle_completion(self, request: Any, stop_words: list[str]) -> None:
             if self.requested_model == "default_model":

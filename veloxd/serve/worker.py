@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from veloxd.kv.attention import check_model_config
+from veloxd.kv.config import fields_for
 from veloxd.serve.adapter import PinnedProvider, ServerHandle, check_version, handler_class, model_names, server_args
 from veloxd.serve.options import ServeOptions
 from veloxd.serve.wiring import wire_caches
@@ -60,6 +61,11 @@ def endpoints(host: str, port: int) -> dict[str, str]:
     }
 
 
+def method_config(kv: Any) -> dict[str, Any]:
+    """The KV settings of the chosen method only (a KIVI server's READY carries no h2o_budget)."""
+    return {"method": kv.method, **{name: getattr(kv, name) for name in fields_for(kv.method)}}
+
+
 def ready_payload(options: ServeOptions, model_id: str, wiring: Any, load_s: float) -> dict[str, Any]:
     info = options.info
     return {
@@ -67,7 +73,7 @@ def ready_payload(options: ServeOptions, model_id: str, wiring: Any, load_s: flo
         "model": model_id,
         "method": options.kv.method,
         "bits": options.kv.bits,
-        "config": options.kv.to_dict(),
+        "config": method_config(options.kv),  # the full config: `veloxd status --json`
         "host": options.host,
         "port": options.port,
         "pid": os.getpid(),

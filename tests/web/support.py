@@ -1,0 +1,71 @@
+"""Helpers for the dashboard tests: a daemon with a `dashboard:` block, its JSON API and /metrics."""
+
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.fixtures.daemon_harness import DaemonHarness, to_yaml
+from tests.support import wait_until
+
+DASHBOARD = "@dashboard"  # the dashboard process's name in the daemon's events
+
+
+def config_text(servers: Mapping[str, Mapping[str, Any]], dashboard: Mapping[str, Any] | None) -> str:
+    """veloxd.yaml with these servers and, unless None, this `dashboard:` block."""
+    text = to_yaml(servers)
+    return text + (f"dashboard: {json.dumps(dict(dashboard))}\n" if dashboard is not None else "")
+
+
+class Page:
+    """The dashboard process of a daemon under test, reached over HTTP."""
+
+    def __init__(self, harness: DaemonHarness, port: int) -> None:
+        self.harness = harness
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}/"
+
+    def wait_ready(self, timeout: float = 120, after: int = 0) -> dict[str, Any]:
+        return self.harness.wait_event("server_ready", timeout=timeout, after=after, server=DASHBOARD)
+
+    def request(self, path: str, method: str = "GET", headers: Mapping[str, str] | None = None,
+                body: bytes | None = None) -> tuple[int, dict[str, Any] | str]:
+        request = urllib.request.Request(self.url + path.lstrip("/"), data=body, method=method,
+                                         headers=dict(headers or {}))
+        try:
+            with urllib.request.urlopen(request, timeout=30) as response:
+                status, raw = response.status, response.read()
+        except urllib.error.HTTPError as err:
+            status, raw = err.code, err.read()
+        text = raw.decode()
+        try:
+            return status, json.loads(text)
+        except json.JSONDecodeError:
+            return status, text
+
+    def state(self) -> dict[str, Any]:
+        status, body = self.request("api/state")
+        assert status == 200 and isinstance(body, dict), (status, body)
+        return body
+
+    def server(self, name: str) -> dict[str, Any]:
+        return next((s for s in self.state()["servers"] if s["name"] == name), {})
+
+    def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        """Every sample of /metrics as {(name, labels): value}, parsed by prometheus_client's parser."""
+        status, text = self.request("metrics")
+        assert status == 200 and isinstance(text, str), (status, text)
+        return {(s.name, frozenset(s.labels.items())): s.value
+                for family in text_string_to_metric_families(text) for s in family.samples}
+
+    def value(self, name: str, **labels: str) -> float | None:
+        return self.metrics().get((name, frozenset(labels.items())))
+
+    def wait_value(self, name: str, expected: float, timeout: float = 60, **labels: str) -> None:
+        wait_until(lambda: self.value(name, **labels) == expected, timeout, interval=0.2,
+                   what=f"{name}{labels} == {expected} (last: {self.value(name, **labels)})")

@@ -1,0 +1,174 @@
+"""The dashboard's routes, installable into any aiohttp Application (the `veloxd web` process, a gateway).
+
+    GET  /                          the dashboard page (static HTML/CSS/JS shipped in the package)
+    GET  /api/state                 servers, daemon, chart history, whether actions are enabled
+    GET  /api/logs?server=&q=&limit= recent log events, filtered
+    GET  /api/stream                server-sent events: `state` each sample, `logs` as events arrive
+    POST /api/reload                re-read veloxd.yaml (bearer token)
+    POST /api/servers/{name}/restart  restart one server (bearer token)
+    GET  /metrics                   Prometheus text format
+
+Reads are open (the page binds loopback only); every request must name an allowed Host (a
+DNS-rebinding page cannot read the logs). Actions need the bearer token in an Authorization
+header, which a cross-site form cannot send and a cross-site script cannot send without a CORS
+preflight this app never grants; a foreign Origin is refused as well.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+from collections.abc import Awaitable, Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from veloxd.daemon.control import DaemonUnreachable
+from veloxd.web.metrics import GatewayCounters, exposition, registry_for
+from veloxd.web.monitor import Monitor
+
+STATIC = Path(__file__).resolve().parent / "static"
+KEEPALIVE_S = 15.0
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def add_routes(app: web.Application, monitor: Monitor, *, api_key: str | None = None,
+               allowed_hosts: Iterable[str] | None = None, gateway: GatewayCounters | None = None,
+               prefix: str = "") -> None:
+    """Install the dashboard into `app`, and start/stop `monitor` with it.
+
+    Args:
+        api_key: the bearer token for actions; None: read-only (actions answer 403).
+        allowed_hosts: accepted Host headers (e.g. "127.0.0.1:8090"); None: any (the caller checks).
+        gateway: the gateway's admission/unload counters, for /metrics.
+        prefix: mount point, e.g. "/dashboard" (the page uses relative URLs).
+    """
+    hosts = {h.lower() for h in allowed_hosts} if allowed_hosts is not None else None
+    registry = registry_for(monitor, gateway)
+
+    def guard(handler: Handler, action: bool = False) -> Handler:
+        async def guarded(request: web.Request) -> web.StreamResponse:
+            if hosts is not None and request.host.lower() not in hosts:
+                return _error(421, f"unexpected Host header {request.host!r}")
+            if action:
+                refused = _refuse_action(request, api_key, hosts)
+                if refused is not None:
+                    return refused
+            return await handler(request)
+        return guarded
+
+    async def index(request: web.Request) -> web.StreamResponse:
+        if not request.path.endswith("/"):  # relative URLs in the page need the trailing slash
+            raise web.HTTPFound(request.path + "/")
+        return web.FileResponse(STATIC / "index.html", headers=_no_cache())
+
+    async def state(request: web.Request) -> web.StreamResponse:
+        await monitor.refresh(max_age_s=monitor.interval_s)
+        return web.json_response({**monitor.page_state(), "history": list(monitor.history),
+                                  "actions": api_key is not None, "interval_s": monitor.interval_s,
+                                  "history_max": monitor.history.maxlen},
+                                 headers=_no_cache())
+
+    async def logs(request: web.Request) -> web.StreamResponse:
+        query = request.query
+        try:
+            limit = int(query.get("limit", "500"))
+        except ValueError:
+            return _error(400, "limit must be an integer")
+        events = monitor.log_tail(query.get("server") or None, query.get("q") or None, limit)
+        return web.json_response({"events": events}, headers=_no_cache())
+
+    async def stream(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream", **_no_cache()})
+        await response.prepare(request)
+        queue = monitor.subscribe()
+        try:
+            await response.write(b"retry: 2000\n\n")
+            while True:
+                try:
+                    kind, data = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_S)
+                except asyncio.TimeoutError:
+                    await response.write(b": keepalive\n\n")
+                    continue
+                if kind == "close":
+                    break
+                await response.write(f"event: {kind}\ndata: {json.dumps(data, default=str)}\n\n".encode())
+        except (ConnectionResetError, RuntimeError):
+            pass  # the page went away
+        finally:
+            monitor.unsubscribe(queue)
+        return response
+
+    async def metrics(request: web.Request) -> web.StreamResponse:
+        await monitor.refresh(max_age_s=min(monitor.interval_s, 1.0))
+        return web.Response(body=exposition(registry), headers={"Content-Type": CONTENT_TYPE_LATEST})
+
+    async def reload(request: web.Request) -> web.StreamResponse:
+        return await _forward(monitor, {"command": "reload"})
+
+    async def restart(request: web.Request) -> web.StreamResponse:
+        return await _forward(monitor, {"command": "restart", "name": request.match_info["name"]})
+
+    routes = [
+        web.get(prefix + "/", guard(index)),
+        web.get(prefix + "/api/state", guard(state)),
+        web.get(prefix + "/api/logs", guard(logs)),
+        web.get(prefix + "/api/stream", guard(stream)),
+        web.get(prefix + "/metrics", guard(metrics)),
+        web.post(prefix + "/api/reload", guard(reload, action=True)),
+        web.post(prefix + "/api/servers/{name}/restart", guard(restart, action=True)),
+    ]
+    for name in ("app.js", "style.css"):
+        routes.append(web.get(f"{prefix}/static/{name}", guard(_static(name))))
+    app.add_routes(routes)
+
+    async def start(_: web.Application) -> None:
+        await monitor.start()
+
+    async def stop(_: web.Application) -> None:
+        await monitor.close()  # also ends the live streams, so shutdown does not wait on them
+
+    app.on_startup.append(start)
+    app.on_shutdown.append(stop)
+
+
+def _static(name: str) -> Handler:
+    async def serve(request: web.Request) -> web.StreamResponse:
+        return web.FileResponse(STATIC / name, headers=_no_cache())
+    return serve
+
+
+def _refuse_action(request: web.Request, api_key: str | None, hosts: set[str] | None) -> web.Response | None:
+    if api_key is None:
+        return _error(403, "actions are disabled: set dashboard.api_key_env in veloxd.yaml to enable them")
+    header = request.headers.get("Authorization", "")
+    supplied = header[7:] if header.startswith("Bearer ") else ""
+    if not hmac.compare_digest(supplied.encode(), api_key.encode()):
+        return _error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
+    origin = request.headers.get("Origin")
+    own = {f"http://{h}" for h in hosts} if hosts is not None else {f"{request.scheme}://{request.host}".lower()}
+    if origin is not None and origin.lower() not in own:
+        return _error(403, f"cross-origin request from {origin} refused")
+    if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
+        return _error(403, "cross-site request refused")
+    return None
+
+
+async def _forward(monitor: Monitor, payload: dict[str, Any]) -> web.Response:
+    try:
+        answer = await monitor.client.ask(payload)
+    except DaemonUnreachable as err:
+        return _error(503, str(err))
+    await monitor.refresh()
+    return web.json_response(answer, status=200 if answer.get("ok") else 409)
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"ok": False, "error": message}, status=status, headers=headers)
+
+
+def _no_cache() -> dict[str, str]:
+    return {"Cache-Control": "no-store"}

@@ -1,0 +1,148 @@
+"""Prometheus series of the daemon and its workers, built from the monitor's latest sample at scrape time.
+
+A custom collector: no metric is updated in place, so what a scrape shows is exactly what the
+daemon and the workers reported (states, restarts, measured KV bytes, resident memory, the
+workers' own request counters). Names: `veloxd_` prefix, units in the name, `_total` counters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from typing import Any, Protocol
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.utils import floatToGoString
+
+from veloxd.daemon.state import ServerState
+from veloxd.web.monitor import Monitor
+
+
+class GatewayCounters(Protocol):
+    """The hook for the gateway process: its admission and unload decisions, counted per server."""
+
+    def admissions_total(self) -> Mapping[str, int]: ...
+
+    def unloads_total(self) -> Mapping[tuple[str, str], int]: ...  # (server, reason) -> count
+
+
+class VeloxdCollector:
+    """Reads `monitor` (and the gateway's counters, once there is a gateway) at each scrape."""
+
+    def __init__(self, monitor: Monitor, gateway: GatewayCounters | None = None) -> None:
+        self.monitor = monitor
+        self.gateway = gateway
+
+    def collect(self) -> Iterator[Metric]:
+        monitor = self.monitor
+        yield _gauge("veloxd_daemon_up", "1 when the daemon answered the dashboard's last sample.",
+                     [([], 1.0 if monitor.reachable else 0.0)])
+        last_reload = monitor.state.get("last_reload") or {}
+        if last_reload:
+            yield _gauge("veloxd_config_last_reload_success", "1 when the last reload of veloxd.yaml was accepted.",
+                         [([], 1.0 if last_reload.get("ok") else 0.0)])
+        servers = list(monitor.servers.values())
+        yield from self._servers(servers)
+        yield from self._requests(servers)
+        if self.gateway is not None:
+            yield from self._gateway(self.gateway)
+
+    def _servers(self, servers: list[dict[str, Any]]) -> Iterator[Metric]:
+        state = GaugeMetricFamily("veloxd_server_state", "1 for the state each server is in, 0 for the others.",
+                                  labels=["server", "state"])
+        info = GaugeMetricFamily("veloxd_server_info", "Model, KV-cache method and bits of each server (value 1).",
+                                 labels=["server", "model", "method", "bits"])
+        for s in servers:
+            for value in ServerState:
+                state.add_metric([s["name"], value.value], 1.0 if s["state"] == value.value else 0.0)
+            bits = "" if s["bits"] is None else str(s["bits"])
+            info.add_metric([s["name"], str(s["model"]), str(s["method"]), bits], 1.0)
+        yield state
+        yield info
+        yield _counter("veloxd_server_restarts", "Worker starts after the first one (crashes, reloads, restarts).",
+                       [([s["name"]], s["restarts"]) for s in servers], labels=["server"])
+        yield _gauge("veloxd_server_startup_seconds", "Seconds from spawn to ready at the worker's last start.",
+                     [([s["name"]], s["startup_s"]) for s in servers], labels=["server"])
+        yield _gauge("veloxd_server_uptime_seconds", "Seconds since the server became ready (ready servers only).",
+                     [([s["name"]], s["uptime_s"]) for s in servers], labels=["server"])
+        kv = GaugeMetricFamily("veloxd_kv_cache_bytes_per_token", "Measured KV-cache bytes per token at the "
+                               "worker's start: its method's cache and the fp16 cache on the same tokens.",
+                               labels=["server", "cache"])
+        for s in servers:
+            for cache, key in (("method", "kv_bytes_per_token"), ("fp16", "fp16_bytes_per_token")):
+                if s[key] is not None:
+                    kv.add_metric([s["name"], cache], float(s[key]))
+        yield kv
+        yield _gauge("veloxd_kv_cache_compression_ratio", "Measured KV bytes of the method over fp16's (lower is "
+                     "smaller).", [([s["name"]], s["kv_ratio"]) for s in servers], labels=["server"])
+        yield _gauge("veloxd_worker_resident_memory_bytes", "Resident memory of the worker and its child processes.",
+                     [([s["name"]], s["rss_bytes"]) for s in servers], labels=["server"])
+
+    def _requests(self, servers: list[dict[str, Any]]) -> Iterator[Metric]:
+        stats = self.monitor.stats
+        live = [s for s in servers if s["name"] in stats]
+        requests = CounterMetricFamily("veloxd_requests", "HTTP requests a worker answered, by status code.",
+                                       labels=["server", "status"])
+        for s in live:
+            for status, count in sorted(stats[s["name"]].get("requests", {}).items()):
+                requests.add_metric([s["name"], status], float(count))
+        yield requests
+        for name, key, doc in (
+            ("veloxd_request_duration_seconds", "latency_s", "Seconds from a request's arrival to its last byte."),
+            ("veloxd_time_to_first_token_seconds", "ttft_s", "Seconds from a request's arrival to its first token."),
+        ):
+            family = HistogramMetricFamily(name, doc, labels=["server"])
+            for s in live:
+                histogram = stats[s["name"]].get(key) or {}
+                buckets = [(_le(bound), float(count)) for bound, count in histogram.get("buckets", [])]
+                if buckets:
+                    family.add_metric([s["name"]], buckets, float(histogram.get("sum", 0.0)))
+            yield family
+        yield _counter("veloxd_generated_tokens", "Tokens a worker generated.",
+                       [([s["name"]], stats[s["name"]].get("generated_tokens")) for s in live], labels=["server"])
+        yield _counter("veloxd_prompt_tokens", "Prompt tokens a worker was given.",
+                       [([s["name"]], stats[s["name"]].get("prompt_tokens")) for s in live], labels=["server"])
+        yield _gauge("veloxd_generation_tokens_per_second", "Tokens generated per second over the last sample "
+                     "interval.", [([s["name"]], s["tokens_per_s"]) for s in live], labels=["server"])
+        yield _gauge("veloxd_requests_in_flight", "Requests a worker is answering now.",
+                     [([s["name"]], s["in_flight"]) for s in live], labels=["server"])
+        yield _gauge("veloxd_request_queue_depth", "Requests waiting for the worker's generation thread.",
+                     [([s["name"]], s["queued"]) for s in live], labels=["server"])
+
+    def _gateway(self, gateway: GatewayCounters) -> Iterator[Metric]:
+        yield _counter("veloxd_gateway_admissions", "Starts of on-demand servers the gateway admitted.",
+                       [([name], n) for name, n in sorted(gateway.admissions_total().items())], labels=["server"])
+        yield _counter("veloxd_gateway_unloads", "Servers the gateway unloaded, by reason (idle, memory).",
+                       [([name, reason], n) for (name, reason), n in sorted(gateway.unloads_total().items())],
+                       labels=["server", "reason"])
+
+
+def _le(bound: Any) -> str:
+    return "+Inf" if bound == "+Inf" else floatToGoString(float(bound))
+
+
+def _gauge(name: str, doc: str, samples: list[tuple[list[str], Any]], labels: list[str] | None = None) -> Metric:
+    family = GaugeMetricFamily(name, doc, labels=labels or [])
+    for label_values, value in samples:
+        if value is not None:
+            family.add_metric(label_values, float(value))
+    return family
+
+
+def _counter(name: str, doc: str, samples: list[tuple[list[str], Any]], labels: list[str] | None = None) -> Metric:
+    family = CounterMetricFamily(name, doc, labels=labels or [])
+    for label_values, value in samples:
+        if value is not None:
+            family.add_metric(label_values, float(value))
+    return family
+
+
+def registry_for(monitor: Monitor, gateway: GatewayCounters | None = None) -> CollectorRegistry:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(VeloxdCollector(monitor, gateway))
+    return registry
+
+
+def exposition(registry: CollectorRegistry) -> bytes:
+    """The Prometheus text format of every series in `registry`."""
+    return generate_latest(registry)
