@@ -18,7 +18,17 @@ def render_markdown() -> str:
         "## KV-cache methods", "", methods_table(), "",
         "## KV-cache settings (`bits`, `seed`, and `overrides`)", "", fields_table(), "",
         "## Server entry keys", "", entry_keys_table(), "",
+        "## Dashboard keys (top-level `dashboard:`; absent: no dashboard)", "", block_table("dashboard"), "",
     ])
+
+
+def block_table(name: str) -> str:
+    """The keys of a top-level block such as `dashboard:`."""
+    spec = build_schema()["properties"][name]
+    rows = [["key", "type", "default", "description"]]
+    for key, sub in spec["properties"].items():
+        rows.append([f"`{name}.{key}`", _type(sub), _show(sub.get("default")), sub.get("description", "")])
+    return _table(rows)
 
 
 def methods_table() -> str:

@@ -212,13 +212,15 @@ def yaml_fields(cls: type) -> tuple[dataclasses.Field, ...]:
 
 def config_to_dict(config: Config) -> dict[str, Any]:
     """Plain data for the state file; `config_from_dict` inverts it exactly."""
-    return {
+    out = {
         "version": config.version,
         "source": config.source,
         "sha256": config.sha256,
         "servers": {name: entry.to_dict() for name, entry in config.servers.items()},
-        "dashboard": dataclasses.asdict(config.dashboard) if config.dashboard is not None else None,
     }
+    if config.dashboard is not None:  # absent means none: an explicit null would not validate
+        out["dashboard"] = dataclasses.asdict(config.dashboard)
+    return out
 
 
 def config_from_dict(data: Mapping[str, Any]) -> Config:

@@ -1,0 +1,96 @@
+"""The dashboard's JSON API and its guards: Host allow-list, bearer-token actions, CSRF refusals;
+and the dashboard process following its `dashboard:` block (start, move, stop)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from tests.fixtures.daemon_harness import DaemonHarness, entry, pid_alive, wait_gone
+from tests.support import free_port, wait_until
+from tests.web.browser import VIEWPORT, browser  # noqa: F401 - the fixture
+from tests.web.support import DASHBOARD, Page, config_text
+
+TOKEN = "s3cret-token"
+
+
+def test_actions_need_the_token_and_refuse_cross_site_requests(tmp_path: Path, browser: Any) -> None:  # noqa: F811
+    """Reads are open on loopback but only for an expected Host; reload and restart need the bearer
+    token, and a foreign Origin or a cross-site fetch is refused even with it. In the page, the
+    token typed into the actions form restarts a server."""
+    h = DaemonHarness(tmp_path)
+    page = Page(h, free_port())
+    h.write(config_text({"alpha": entry(free_port())}, {"port": page.port, "interval_s": 0.5,
+                                                        "api_key_env": "VELOXD_TEST_DASHBOARD_TOKEN"}))
+    try:
+        h.start(env={"VELOXD_TEST_DASHBOARD_TOKEN": TOKEN})
+        h.wait_states({"alpha": "ready"})
+        page.wait_ready()
+        assert page.state()["actions"] is True
+        status, body = page.request("api/state", headers={"Host": f"evil.example:{page.port}"})
+        assert status == 421 and "Host" in body["error"]
+
+        restart = "api/servers/alpha/restart"
+        assert page.request(restart, "POST")[0] == 401
+        assert page.request(restart, "POST", {"Authorization": "Bearer wrong"})[0] == 401
+        good = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
+        status, body = page.request(restart, "POST", {**good, "Origin": "http://evil.example"})
+        assert status == 403 and "cross-origin" in body["error"]
+        assert page.request(restart, "POST", {**good, "Sec-Fetch-Site": "cross-site"})[0] == 403
+        assert page.request("api/servers/nobody/restart", "POST", good)[0] == 409
+        assert h.server("alpha")["restarts"] == 0  # nothing refused went through
+
+        status, body = page.request("api/reload", "POST", good)
+        assert status == 200 and body["ok"] and body["unchanged"]
+
+        tab = browser.new_page(viewport=VIEWPORT)
+        tab.goto(page.url)
+        tab.wait_for_selector("tr[data-server='alpha'] button.restart", timeout=60_000)
+        tab.click("#actions summary")
+        tab.fill("#token", TOKEN)
+        tab.click("#token-form button[type=submit]")
+        tab.click("tr[data-server='alpha'] button.restart")
+        tab.wait_for_function("document.querySelector(\"tr[data-server='alpha'] .restarts\").textContent === '1'",
+                              timeout=60_000)
+        assert tab.inner_text("#action-result") == "done"
+        tab.close()
+        assert h.stop() == 0
+    finally:
+        h.cleanup()
+
+
+def test_read_only_dashboard_follows_its_block(tmp_path: Path) -> None:
+    """Without api_key_env actions answer 403; the logs API filters; moving the dashboard to another
+    port restarts only it; removing the block stops it; servers are never touched."""
+    h = DaemonHarness(tmp_path)
+    page = Page(h, free_port())
+    servers = {"alpha": entry(free_port()), "beta": entry(free_port())}
+    h.write(config_text(servers, {"port": page.port}))
+    try:
+        h.start()
+        pids = {n: s["pid"] for n, s in h.wait_states({"alpha": "ready", "beta": "ready"}).items()}
+        page.wait_ready()
+        status, body = page.request("api/reload", "POST", {"Authorization": "Bearer x"})
+        assert status == 403 and "api_key_env" in body["error"]
+        wait_until(lambda: page.request("api/logs?server=beta&q=loading")[1]["events"], 30, what="beta's log")
+        events = page.request("api/logs?server=beta&q=loading")[1]["events"]
+        assert all(e["server"] == "beta" and "loading" in e["text"] for e in events)
+
+        first = h.state()["dashboard"]
+        moved = Page(h, free_port())
+        mark = h.mark()
+        h.write(config_text(servers, {"port": moved.port}))
+        moved.wait_ready(after=mark)
+        assert moved.state()["reachable"] and not pid_alive(first["pid"])
+        assert h.state()["dashboard"]["port"] == moved.port
+
+        mark = h.mark()
+        second = h.state()["dashboard"]["pid"]
+        h.write(config_text(servers, None))
+        h.wait_event("server_stopped", after=mark, server=DASHBOARD)
+        wait_gone([second], 10)
+        assert h.state()["dashboard"] is None
+        assert {n: s["pid"] for n, s in h.state()["servers"].items()} == pids
+        assert h.stop() == 0
+    finally:
+        h.cleanup()

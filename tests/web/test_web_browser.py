@@ -1,0 +1,115 @@
+"""The dashboard in a real headless Chromium, against a running daemon with stand-in workers.
+
+Each test opens the page once and then only watches it: every change must arrive by the live
+stream (a marker set in the page's window proves it was never reloaded).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.daemon_harness import DaemonHarness, entry
+from tests.support import free_port, http_json
+from tests.web.browser import VIEWPORT, browser  # noqa: F401 - the fixture
+from tests.web.support import Page, config_text
+
+TIMEOUT_MS = 60_000
+
+
+@pytest.fixture
+def running(tmp_path: Path) -> Iterator[tuple[DaemonHarness, Page, dict[str, Any]]]:
+    h = DaemonHarness(tmp_path)
+    page = Page(h, free_port())
+    servers = {"alpha": entry(free_port(), description="the coder"), "beta": entry(free_port(), method="kivi", bits=2)}
+    h.write(config_text(servers, {"port": page.port, "interval_s": 0.5}))
+    try:
+        h.start()
+        h.wait_states({"alpha": "ready", "beta": "ready"})
+        page.wait_ready()
+        yield h, page, servers
+    finally:
+        h.cleanup()
+
+
+def open_page(browser: Any, page: Page) -> Any:  # noqa: F811
+    tab = browser.new_page(viewport=VIEWPORT)
+    tab.goto(page.url)
+    tab.wait_for_selector("tr[data-server='alpha'][data-state='ready']", timeout=TIMEOUT_MS)
+    tab.evaluate("window.veloxdTestMarker = 'not reloaded'")
+    return tab
+
+
+def row(tab: Any, name: str) -> Any:
+    return tab.locator(f"tr[data-server='{name}']")
+
+
+def test_page_lists_servers_follows_an_edit_and_a_killed_worker(
+        browser: Any, running: tuple[DaemonHarness, Page, dict[str, Any]], tmp_path: Path) -> None:  # noqa: F811
+    """Rows for both servers (state, method and bits, measured KV ratio, memory); adding a server
+    to veloxd.yaml adds its row; a worker killed with SIGKILL comes back with restarts 1."""
+    h, page, servers = running
+    tab = open_page(browser, page)
+    alpha, beta = row(tab, "alpha"), row(tab, "beta")
+    assert "the coder" in alpha.inner_text()
+    assert beta.locator(".method").inner_text().startswith("kivi · 2 bit")
+    assert beta.locator(".kv").inner_text() == "25.0%"
+    assert "MiB" in alpha.locator(".memory").inner_text()
+
+    for _ in range(3):
+        assert http_json(f"http://127.0.0.1:{servers['alpha']['port']}/v1/chat/completions", {"messages": []})[0] == 200
+    tab.wait_for_function("document.querySelector(\"tr[data-server='alpha'] .requests\").textContent === '3'",
+                          timeout=TIMEOUT_MS)
+
+    servers["gamma"] = entry(free_port(), method="snapkv")
+    h.write(config_text(servers, {"port": page.port, "interval_s": 0.5}))
+    tab.wait_for_selector("tr[data-server='gamma'][data-state='ready']", timeout=TIMEOUT_MS)
+    assert row(tab, "gamma").locator(".method").inner_text().startswith("snapkv")
+
+    pid = h.server("alpha")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    tab.wait_for_function(
+        "(() => { const r = document.querySelector(\"tr[data-server='alpha']\");"
+        " return r && r.dataset.state === 'ready' && r.querySelector('.restarts').textContent === '1'; })()",
+        timeout=TIMEOUT_MS)
+    assert str(pid) not in alpha.inner_text() and str(h.server("alpha")["pid"]) in alpha.inner_text()
+    assert tab.evaluate("window.veloxdTestMarker") == "not reloaded"
+    shot = tmp_path / "dashboard.png"
+    tab.screenshot(path=str(shot), full_page=True)
+    assert shot.stat().st_size > 10_000
+    tab.close()
+
+
+def test_log_tail_filters_by_text_and_server(
+        browser: Any, running: tuple[DaemonHarness, Page, dict[str, Any]]) -> None:  # noqa: F811
+    """The tail shows both servers' events; a filter keeps only matching lines, live ones too;
+    choosing a server keeps only its lines."""
+    h, page, _ = running
+    tab = open_page(browser, page)
+    lines = tab.locator("#log-lines li")
+    tab.wait_for_function("document.querySelectorAll('#log-lines li').length > 5", timeout=TIMEOUT_MS)
+    everything = lines.all_inner_texts()
+    assert any("server_ready" in line for line in everything) and any("beta" in line for line in everything)
+
+    tab.fill("#log-filter", "fake worker: loading")
+    tab.wait_for_function("[...document.querySelectorAll('#log-lines li')].every("
+                          "li => li.textContent.includes('fake worker: loading'))", timeout=TIMEOUT_MS)
+    assert lines.count() >= 2  # one per server (and the dashboard's own events are filtered out)
+
+    tab.select_option("#log-server", "beta")
+    tab.wait_for_function("[...document.querySelectorAll('#log-lines li')].every(li => li.dataset.server === 'beta')",
+                          timeout=TIMEOUT_MS)
+    assert lines.count() >= 1 and all("loading" in text for text in lines.all_inner_texts())
+
+    tab.fill("#log-filter", "")
+    h.cli("restart", "beta")  # new events arrive live and respect the chosen server
+    tab.wait_for_function("[...document.querySelectorAll('#log-lines li')].some("
+                          "li => li.textContent.includes('server_restart_requested'))", timeout=TIMEOUT_MS)
+    assert {li for li in tab.eval_on_selector_all("#log-lines li", "ls => ls.map(l => l.dataset.server)")} == {"beta"}
+    assert tab.evaluate("window.veloxdTestMarker") == "not reloaded"
+    tab.close()
