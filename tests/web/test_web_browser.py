@@ -113,3 +113,57 @@ def test_log_tail_filters_by_text_and_server(
     assert {li for li in tab.eval_on_selector_all("#log-lines li", "ls => ls.map(l => l.dataset.server)")} == {"beta"}
     assert tab.evaluate("window.veloxdTestMarker") == "not reloaded"
     tab.close()
+
+
+@pytest.mark.slow
+def test_dashboard_with_real_workers(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    """Two real `veloxd serve` workers on the shipped tiny model under load: the page shows their
+    measured KV ratios and nonzero tokens per second. The screenshot goes to the test's output
+    (and to docs/dashboard.png with VELOXD_DOCS_SCREENSHOT=1)."""
+    import threading
+
+    from tests.support import REPO
+
+    model = str(REPO / "veloxd" / "assets" / "tiny-llama")
+    h = DaemonHarness(tmp_path, real_worker=True)
+    page = Page(h, free_port())
+    servers = {
+        "coder": entry(free_port(), model=model, method="kivi", bits=2, ready_timeout_s=300,
+                       description="KIVI 2-bit keys and values"),
+        "chat": entry(free_port(), model=model, method="snapkv", ready_timeout_s=300,
+                      description="SnapKV eviction, bounded tokens"),
+    }
+    h.write(config_text(servers, {"port": page.port, "interval_s": 1.0}))
+    done = threading.Event()
+
+    def load(port: int) -> None:
+        while not done.is_set():
+            http_json(f"http://127.0.0.1:{port}/v1/chat/completions",
+                      {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 48}, timeout=120)
+
+    try:
+        h.start()
+        h.wait_states({"coder": "ready", "chat": "ready"}, timeout=300)
+        page.wait_ready()
+        tab = browser.new_page(viewport=VIEWPORT)
+        tab.goto(page.url)
+        workers = [threading.Thread(target=load, args=(s["port"],), daemon=True) for s in servers.values()]
+        for worker in workers:
+            worker.start()
+        tab.wait_for_function("[...document.querySelectorAll('td.tps')].every(td => parseFloat(td.textContent) > 0)",
+                              timeout=120_000)
+        tab.wait_for_timeout(15_000)  # some chart history
+        assert float(row(tab, "coder").locator(".kv").inner_text().rstrip("%")) < 100
+        shot = tmp_path / "dashboard.png"
+        tab.screenshot(path=str(shot), full_page=True)
+        if os.environ.get("VELOXD_DOCS_SCREENSHOT"):
+            tab.screenshot(path=str(REPO / "docs" / "dashboard.png"), full_page=True)
+        assert shot.stat().st_size > 10_000
+        done.set()
+        for worker in workers:
+            worker.join(150)
+        tab.close()
+        assert h.stop(timeout=60) == 0
+    finally:
+        done.set()
+        h.cleanup()
