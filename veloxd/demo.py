@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     if state is not None:
         print("\nveloxd demo: every server is ready. Try:\n", flush=True)
         print("\n".join(curl_lines(state)), flush=True)
+        dashboard = (read_state(state_dir) or {}).get("dashboard") or {}
+        if dashboard.get("port"):
+            print(f"\nDashboard: http://{dashboard['host']}:{dashboard['port']}/  (metrics: /metrics)", flush=True)
         print(f"\nStatus: .venv/bin/veloxd status --state-dir {state_dir}   Stop: Ctrl-C\n", flush=True)
     elif proc.poll() is None:
         print("veloxd demo: servers are not all ready yet; see .cache/veloxd.jsonl", flush=True)

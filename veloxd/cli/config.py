@@ -60,7 +60,9 @@ def run_check(args: argparse.Namespace) -> int:
         header = f"# effective config of {document.pop('source')} (sha256 {document.pop('sha256')})\n"
         sys.stdout.write(header + dump_yaml(document))
     elif valid:
-        print(f"{path}: valid; {_servers_line(result.config)}")
+        dashboard = result.config.dashboard
+        shown = f"; dashboard on {dashboard.host}:{dashboard.port}" if dashboard is not None else ""
+        print(f"{path}: valid; {_servers_line(result.config)}{shown}")
         for warning in warnings:
             print(warning, file=sys.stderr)
     else:

@@ -94,10 +94,11 @@ class ControlServer:
                 return
             reply = m.Reply()
             message = _to_message(request, reply) if isinstance(request, dict) else None
+            answer: dict[str, Any]
             if isinstance(request, dict) and request.get("command") == "events":
                 answer = _events(request)  # the log ring has its own lock: no trip through the loop
             elif message is None:
-                answer: dict[str, Any] | None = {"ok": False, "error": f"unknown request: {request!r}"}
+                answer = {"ok": False, "error": f"unknown request: {request!r}"}
             else:
                 self._inbox.put(message)
                 answer = reply.wait(REQUEST_TIMEOUT_S) or {"ok": False, "error": "the daemon did not answer in time"}

@@ -68,6 +68,10 @@ def render_status(state: dict[str, Any]) -> str:
         verdict = "ok" if reload.get("ok") else "FAILED, kept the last good config"
         lines.append(f"last reload: {verdict} at {reload.get('at')} ({reload.get('source')})")
         lines += [f"  {error}" for error in reload.get("errors") or []]
+    dashboard = state.get("dashboard")
+    if dashboard:
+        lines.append(f"dashboard: {dashboard.get('state')} at http://{dashboard.get('host')}:{dashboard.get('port')}/"
+                     + (f" (pid {dashboard['pid']})" if dashboard.get("pid") else ""))
     rows = status_rows(state)
     if not rows:
         lines.append("no servers")

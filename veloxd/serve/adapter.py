@@ -166,7 +166,7 @@ def handler_class(model_id: str, accepted_names: set[str], api_key: str | None,
         def do_POST(self) -> None:
             timer = counters.begin()
             self._status = 0
-            self.response_generator = CountingGenerator(self._shared_generator, timer)
+            self.response_generator = CountingGenerator(self._shared_generator, timer)  # type: ignore[assignment]
             try:
                 if self._authorized():
                     super().do_POST()

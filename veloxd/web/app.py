@@ -90,7 +90,7 @@ def add_routes(app: web.Application, monitor: Monitor, *, api_key: str | None = 
             while True:
                 try:
                     kind, data = await asyncio.wait_for(queue.get(), timeout=KEEPALIVE_S)
-                except asyncio.TimeoutError:
+                except TimeoutError:
                     await response.write(b": keepalive\n\n")
                     continue
                 if kind == "close":

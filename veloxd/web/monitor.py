@@ -182,7 +182,7 @@ class Monitor:
                 if resp.status != 200:
                     return None
                 data = await resp.json(content_type=None)
-        except (aiohttp.ClientError, asyncio.TimeoutError, ValueError):
+        except (TimeoutError, aiohttp.ClientError, ValueError):
             return None
         return data if isinstance(data, dict) else None
 

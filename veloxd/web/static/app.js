@@ -55,6 +55,13 @@ function renderHeader(s) {
 }
 
 // ---- servers ----------------------------------------------------------------------------
+function modelCell(model) {
+  // A local model directory shows its name; the full path is the tooltip.
+  const text = String(model || "");
+  const cell = el("td", "model", text.startsWith("/") ? text.split("/").filter(Boolean).pop() : text);
+  cell.title = text;
+  return cell;
+}
 function renderServers() {
   const body = document.querySelector("#servers tbody");
   body.replaceChildren();
@@ -72,7 +79,7 @@ function renderServers() {
     const method = el("td", "method", s.method + (s.bits !== null && s.bits !== undefined ? ` · ${s.bits} bit` : ""));
     if (s.kv_bytes_per_token) method.append(el("span", "sub", `${num(s.kv_bytes_per_token)} B/token`));
     const cells = [
-      name, state, el("td", "model", s.model), method,
+      name, state, modelCell(s.model), method,
       el("td", "num kv", s.kv_ratio === null || s.kv_ratio === undefined ? "–" : `${(s.kv_ratio * 100).toFixed(1)}%`),
       el("td", "num memory", bytes(s.rss_bytes)),
       el("td", "num uptime", duration(s.uptime_s)),
