@@ -27,11 +27,12 @@ def test_metrics_count_requests_and_restarts(tmp_path: Path) -> None:
     h = DaemonHarness(tmp_path)
     ports = {"alpha": free_port(), "beta": free_port()}
     page = Page(h, free_port())
-    servers = {"alpha": entry(ports["alpha"]), "beta": entry(ports["beta"], method="kivi", bits=2)}
+    servers = {"alpha": entry(ports["alpha"]), "beta": entry(ports["beta"], method="kivi", bits=2),
+               "broken": entry(free_port(), env={"FAKE_EXIT_CODE": "3"})}
     h.write(config_text(servers, {"port": page.port, "interval_s": 0.5}))
     try:
         h.start()
-        h.wait_states({"alpha": "ready", "beta": "ready"})
+        h.wait_states({"alpha": "ready", "beta": "ready", "broken": "fatal"})
         page.wait_ready()
         base = f"http://127.0.0.1:{ports['alpha']}/v1/chat/completions"
         for _ in range(REQUESTS):
@@ -54,7 +55,10 @@ def test_metrics_count_requests_and_restarts(tmp_path: Path) -> None:
         assert value("veloxd_request_duration_seconds_bucket", server="alpha", le="+Inf") == REQUESTS + 2
         assert value("veloxd_requests_in_flight", server="alpha") == 0
         assert value("veloxd_daemon_up") == 1
-        for name in servers:
+        assert value("veloxd_server_state", server="broken", state="fatal") == 1
+        assert value("veloxd_server_restarts_total", server="broken") == 2  # 3 failed starts, then fatal
+        assert page.server("broken")["last_error"] == "fake worker: failing with code 3"
+        for name in ("alpha", "beta"):
             assert value("veloxd_server_state", server=name, state="ready") == 1
             assert value("veloxd_server_state", server=name, state="backoff") == 0
             assert value("veloxd_server_restarts_total", server=name) == 0
