@@ -123,7 +123,9 @@ def serve(options: ServeOptions) -> int:
     if refused:
         print(f"veloxd serve: {refused}", file=sys.stderr)
         return 2
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
+    # Under the daemon every output line is already timestamped in its log: no second clock.
+    shown = "%(levelname)s %(message)s" if options.lifeline_fd is not None else "%(asctime)s - %(levelname)s - %(message)s"
+    logging.basicConfig(level=logging.INFO, format=shown)
     stopper = Stopper()
     model_id, names = model_names(options.model)
     started = time.monotonic()
