@@ -70,6 +70,8 @@ def test_read_only_dashboard_follows_its_block(tmp_path: Path) -> None:
         h.start()
         pids = {n: s["pid"] for n, s in h.wait_states({"alpha": "ready", "beta": "ready"}).items()}
         page.wait_ready()
+        shown = h.cli("status").stdout
+        assert f"dashboard: ready at http://127.0.0.1:{page.port}/ (pid {h.state()['dashboard']['pid']})" in shown
         status, body = page.request("api/reload", "POST", {"Authorization": "Bearer x"})
         assert status == 403 and "api_key_env" in body["error"]
         wait_until(lambda: page.request("api/logs?server=beta&q=loading")[1]["events"], 30, what="beta's log")
