@@ -96,3 +96,28 @@ def test_read_only_dashboard_follows_its_block(tmp_path: Path) -> None:
         assert h.stop() == 0
     finally:
         h.cleanup()
+
+
+def test_dashboard_dies_with_the_daemon_and_comes_back_with_the_next(tmp_path: Path) -> None:
+    """SIGKILL of the daemon: the dashboard process exits through the lifeline; the next daemon
+    starts it again on the same port."""
+    import signal
+
+    h = DaemonHarness(tmp_path)
+    page = Page(h, free_port())
+    h.write(config_text({"alpha": entry(free_port())}, {"port": page.port}))
+    try:
+        h.start()
+        page.wait_ready()
+        first = h.state()["dashboard"]["pid"]
+        h.signal(signal.SIGKILL)
+        assert h.proc is not None
+        h.proc.wait(10)
+        wait_gone([first], 10)
+        mark = h.mark()
+        h.start()
+        page.wait_ready(after=mark)
+        assert page.state()["reachable"] and h.state()["dashboard"]["pid"] != first
+        assert h.stop() == 0
+    finally:
+        h.cleanup()

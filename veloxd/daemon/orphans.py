@@ -20,7 +20,11 @@ MAX_GRACE_S = 10.0
 def leftover_workers(previous_state: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Workers recorded in the previous state file that are still the same processes."""
     found = []
-    for name, record in ((previous_state or {}).get("servers") or {}).items():
+    records = dict((previous_state or {}).get("servers") or {})
+    dashboard = (previous_state or {}).get("dashboard")
+    if isinstance(dashboard, dict):  # the dashboard process (veloxd/daemon/sidecar.py) holds a port too
+        records["@dashboard"] = dashboard
+    for name, record in records.items():
         if not isinstance(record, dict):
             continue
         pid, start_time = record.get("pid"), record.get("start_time")

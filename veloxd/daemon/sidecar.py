@@ -84,4 +84,4 @@ class DashboardSidecar:
             return None
         snap = server.snapshot()
         return {key: snap[key] for key in ("state", "pid", "host", "port", "since", "restarts", "last_exit",
-                                           "last_error", "start_time", "pgid")}
+                                           "last_error", "start_time", "pgid", "stop_timeout_s")}

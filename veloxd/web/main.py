@@ -8,6 +8,7 @@ daemon's lifeline pipe closes. Exit codes: 0 stopped, 2 invalid input or port in
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -21,6 +22,7 @@ from veloxd.web.app import add_routes
 from veloxd.web.monitor import DaemonClient, Monitor
 
 READY_PREFIX = "VELOXD_READY "
+EXIT_GRACE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -93,9 +95,12 @@ def _on_lifeline(fd: int, stop: asyncio.Event) -> None:
     except OSError:
         data = b""
     if not data:
-        asyncio.get_running_loop().remove_reader(fd)
-        print("veloxd web: the daemon's lifeline closed; exiting", file=sys.stderr, flush=True)
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(fd)
         stop.set()
+        loop.call_later(EXIT_GRACE_S, os._exit, 0)  # if a clean stop hangs, still leave
+        with contextlib.suppress(OSError):  # the daemon died: nobody may read stderr any more (EPIPE)
+            print("veloxd web: the daemon's lifeline closed; exiting", file=sys.stderr, flush=True)
 
 
 def main(options: WebOptions) -> int:

@@ -131,6 +131,7 @@ class Monitor:
             events = await self.client.ask({"command": "events", "after": self._log_seq, "limit": LOG_KEEP})
         except (DaemonUnreachable, OSError, ValueError) as err:
             self.reachable, self.error = False, str(err)
+            self.servers, self.stats, self._previous = {}, {}, {}  # nothing stale in /metrics
             self.sampled_at = now
             self._publish("state", self.page_state())
             return
