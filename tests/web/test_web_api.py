@@ -80,6 +80,11 @@ def test_read_only_dashboard_follows_its_block(tmp_path: Path) -> None:
 
         first = h.state()["dashboard"]
         moved = Page(h, free_port())
+        draft = tmp_path / "draft.yaml"
+        draft.write_text(config_text(servers, {"port": moved.port}))
+        planned = h.cli("plan", str(draft)).stdout
+        assert f"~ (dashboard)          restart  (127.0.0.1:{moved.port})" in planned, planned
+        assert "no changes (2 unchanged); the dashboard to restart" in planned  # the servers are not touched
         mark = h.mark()
         h.write(config_text(servers, {"port": moved.port}))
         moved.wait_ready(after=mark)

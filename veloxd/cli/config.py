@@ -117,8 +117,9 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"veloxd plan: cannot read the daemon state in {state_dir}: {err}", file=sys.stderr)
         return EXIT_UNREADABLE
     plan = diff(current, result.config)
+    dashboard = _dashboard_change(current.dashboard if current is not None else None, result.config.dashboard)
     if args.json:
-        print(json.dumps({"file": path, "against": against, **plan.to_dict()}, indent=2))
+        print(json.dumps({"file": path, "against": against, **plan.to_dict(), "dashboard": dashboard}, indent=2))
         return EXIT_VALID
     print(f"plan for {path}: {against}")
     entries = result.config.servers
@@ -133,8 +134,25 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"  - {name:<20} stop")
     for name in plan.unchanged:
         print(f"  = {name:<20} unchanged")
-    print(plan.summary())
+    if dashboard is not None:
+        block = result.config.dashboard
+        where = f"({block.host}:{block.port})" if block is not None else ""
+        sign = {"start": "+", "restart": "~", "stop": "-", "unchanged": "="}[dashboard]
+        print(f"  {sign} {'(dashboard)':<20} {dashboard:<8} {where}".rstrip())
+    acted = dashboard if dashboard in ("start", "restart", "stop") else None
+    print(plan.summary() + (f"; the dashboard to {acted}" if acted else ""))
     return EXIT_VALID
+
+
+def _dashboard_change(old: Any, new: Any) -> str | None:
+    """What a reload does to the dashboard process: start, restart, stop, unchanged (None: there is none)."""
+    if old is None and new is None:
+        return None
+    if old is None:
+        return "start"
+    if new is None:
+        return "stop"
+    return "unchanged" if old == new else "restart"
 
 
 def _applied_config(state_dir: Path) -> tuple[Any, str]:
