@@ -52,7 +52,8 @@ def row(tab: Any, name: str) -> Any:
 def test_page_lists_servers_follows_an_edit_and_a_killed_worker(
         browser: Any, running: tuple[DaemonHarness, Page, dict[str, Any]], tmp_path: Path) -> None:  # noqa: F811
     """Rows for both servers (state, method and bits, measured KV ratio, memory); adding a server
-    to veloxd.yaml adds its row; a worker killed with SIGKILL comes back with restarts 1."""
+    to veloxd.yaml adds its row; a worker killed with SIGKILL comes back with restarts 1; removing
+    a server removes its row."""
     h, page, servers = running
     tab = open_page(browser, page)
     alpha, beta = row(tab, "alpha"), row(tab, "beta")
@@ -78,6 +79,11 @@ def test_page_lists_servers_follows_an_edit_and_a_killed_worker(
         " return r && r.dataset.state === 'ready' && r.querySelector('.restarts').textContent === '1'; })()",
         timeout=TIMEOUT_MS)
     assert str(pid) not in alpha.inner_text() and str(h.server("alpha")["pid"]) in alpha.inner_text()
+
+    del servers["gamma"]  # removed from the file: its row goes
+    h.write(config_text(servers, {"port": page.port, "interval_s": 0.5}))
+    tab.wait_for_selector("tr[data-server='gamma']", state="detached", timeout=TIMEOUT_MS)
+    assert tab.locator("#servers tbody tr").count() == 2
     assert tab.evaluate("window.veloxdTestMarker") == "not reloaded"
     shot = tmp_path / "dashboard.png"
     tab.screenshot(path=str(shot), full_page=True)

@@ -62,14 +62,29 @@ function modelCell(model) {
   cell.title = text;
   return cell;
 }
+// Rows and their restart buttons persist across updates (a click never lands on a replaced node).
+const rows = new Map();
+function serverRow(name) {
+  if (!rows.has(name)) {
+    const row = el("tr");
+    row.dataset.server = name;
+    const actions = el("td", "actions-col");
+    const button = el("button", "restart", "restart");
+    button.addEventListener("click", () => act(`api/servers/${encodeURIComponent(name)}/restart`));
+    actions.append(button);
+    rows.set(name, { row, actions, button });
+  }
+  return rows.get(name);
+}
 function renderServers() {
   const body = document.querySelector("#servers tbody");
-  body.replaceChildren();
   $("no-servers").hidden = page.servers.length > 0;
-  page.servers.forEach((s) => {
-    const row = el("tr");
-    row.dataset.server = s.name;
+  const shown = new Set();
+  page.servers.forEach((s, index) => {
+    const { row, actions, button } = serverRow(s.name);
+    shown.add(s.name);
     row.dataset.state = s.state;
+    button.hidden = !page.actions;
     const name = el("td", "name");
     name.append(el("strong", null, s.name));
     if (s.description) name.append(el("span", "sub", s.description));
@@ -78,7 +93,7 @@ function renderServers() {
     state.append(el("span", `state state-${s.state}`, s.state));
     const method = el("td", "method", s.method + (s.bits !== null && s.bits !== undefined ? ` · ${s.bits} bit` : ""));
     if (s.kv_bytes_per_token) method.append(el("span", "sub", `${num(s.kv_bytes_per_token)} B/token`));
-    const cells = [
+    row.replaceChildren(
       name, state, modelCell(s.model), method,
       el("td", "num kv", s.kv_ratio === null || s.kv_ratio === undefined ? "–" : `${(s.kv_ratio * 100).toFixed(1)}%`),
       el("td", "num memory", bytes(s.rss_bytes)),
@@ -87,15 +102,12 @@ function renderServers() {
       el("td", "num requests", num(s.requests)),
       el("td", "num tps", num(s.tokens_per_s, 1)),
       el("td", "error", s.last_error || ""),
-    ];
-    const actions = el("td", "actions-col");
-    if (page.actions) {
-      const button = el("button", "restart", "restart");
-      button.addEventListener("click", () => act(`api/servers/${encodeURIComponent(s.name)}/restart`));
-      actions.append(button);
-    }
-    row.append(...cells, actions);
-    body.append(row);
+      actions,
+    );
+    if (body.children[index] !== row) body.insertBefore(row, body.children[index] || null);
+  });
+  rows.forEach((entry, name) => {
+    if (!shown.has(name)) { entry.row.remove(); rows.delete(name); }
   });
   const select = $("log-server");
   const chosen = select.value;
