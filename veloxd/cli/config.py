@@ -59,7 +59,7 @@ def run_check(args: argparse.Namespace) -> int:
         document = config_to_dict(result.config)
         header = f"# effective config of {document.pop('source')} (sha256 {document.pop('sha256')})\n"
         sys.stdout.write(header + dump_yaml(document))
-    elif valid:
+    elif result.config is not None:
         dashboard = result.config.dashboard
         shown = f"; dashboard on {dashboard.host}:{dashboard.port}" if dashboard is not None else ""
         print(f"{path}: valid; {_servers_line(result.config)}{shown}")
