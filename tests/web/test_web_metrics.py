@@ -6,8 +6,10 @@ veloxd.serve.stats; the slow test does the same through a real `veloxd serve` on
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import urllib.request
 from pathlib import Path
 
 import pytest
@@ -84,8 +86,8 @@ def test_metrics_count_requests_and_restarts(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_metrics_of_a_real_worker(tmp_path: Path) -> None:
-    """A real `veloxd serve` on the shipped tiny model: N completions are N requests, their tokens
-    and first-token times are counted, and the measured KV ratio of the READY line is exported."""
+    """A real `veloxd serve` on the shipped tiny model: N completions (one streamed) are N requests,
+    their tokens and first-token times are counted, and the measured KV ratio of READY is exported."""
     from tests.support import REPO
 
     model = REPO / "veloxd" / "assets" / "tiny-llama"
@@ -105,10 +107,17 @@ def test_metrics_of_a_real_worker(tmp_path: Path) -> None:
                                            "max_tokens": 6}, timeout=120)
             assert status == 200, body
             generated += body["usage"]["completion_tokens"]
-        page.wait_value("veloxd_requests_total", 3, server="tiny", status="200", timeout=60)
+        streamed = urllib.request.Request(url, data=json.dumps({
+            "messages": [{"role": "user", "content": "stream"}], "max_tokens": 5, "stream": True,
+            "stream_options": {"include_usage": True}}).encode(), headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(streamed, timeout=120) as response:
+            events = [json.loads(line[6:]) for line in response.read().decode().splitlines()
+                      if line.startswith("data: {")]
+        generated += next(e["usage"]["completion_tokens"] for e in events if e.get("usage"))
+        page.wait_value("veloxd_requests_total", 4, server="tiny", status="200", timeout=60)
         metrics = page.metrics()
         assert metrics[("veloxd_generated_tokens_total", frozenset({("server", "tiny")}))] == generated
-        assert metrics[("veloxd_time_to_first_token_seconds_count", frozenset({("server", "tiny")}))] == 3
+        assert metrics[("veloxd_time_to_first_token_seconds_count", frozenset({("server", "tiny")}))] == 4
         assert 0 < metrics[("veloxd_kv_cache_compression_ratio", frozenset({("server", "tiny")}))] < 1
         assert metrics[("veloxd_prompt_tokens_total", frozenset({("server", "tiny")}))] > 0
         assert h.stop(timeout=60) == 0
