@@ -108,7 +108,7 @@ def compact(event: Mapping[str, Any], *, with_date: bool = False) -> dict[str, A
     for key, value in event.items():
         if key in out or key in HIDDEN or key in ("ready", "plan", "error_lines", "last_lines", "exception"):
             continue
-        if value is None:
+        if value is None or value == "":
             continue
         if isinstance(value, (dict, list)) and len(json.dumps(value, default=str)) > MAX_VALUE_CHARS:
             continue

@@ -228,6 +228,7 @@ class ServerProcess:
             self._start_worker(now)
             return
         reason, message = phase.failure_reason(describe_exit(returncode))
+        self.last_error = message
         self.last_exit = {**describe_exit(returncode), "at": wall_clock(), "pid": pid}
         self._log.warning("server_download_failed", pid=pid, model=model, reason=reason, message=message,
                           **describe_exit(returncode), last_lines=self.child.last_lines())

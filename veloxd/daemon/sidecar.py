@@ -36,8 +36,8 @@ class DashboardEntry:
     interval_s: float
     history: int
     name: str = NAME
-    method: str | None = None
-    model: str | None = None
+    method: str = ""  # no model, no KV cache: empty, so no download phase and nothing to show
+    model: str = ""
     env: Mapping[str, str] = field(default_factory=dict)
     ready_timeout_s: float = 60.0
     stop_timeout_s: float = 5.0

@@ -221,6 +221,7 @@ class Monitor:
             "restarts": snap.get("restarts", 0),
             "failures": snap.get("failures", 0),
             "last_error": snap.get("last_error") or snap.get("fatal_reason"),
+            "download": snap.get("download"),  # while downloading: bytes, percent, rate, ETA
             "requests": sum((stats or {}).get("requests", {}).values()) if stats else None,
             "in_flight": stats.get("in_flight") if stats else None,
             "queued": stats.get("queued") if stats else None,

@@ -91,6 +91,7 @@ function renderServers() {
     name.append(el("span", "sub", `${s.host}:${s.port}` + (s.pid ? ` · pid ${s.pid}` : "")));
     const state = el("td");
     state.append(el("span", `state state-${s.state}`, s.state));
+    if (s.download && s.state === "downloading") state.append(el("span", "sub", `${num(s.download.percent, 0)}% of ${bytes(s.download.total_bytes)}`));
     const method = el("td", "method", s.method + (s.bits !== null && s.bits !== undefined ? ` · ${s.bits} bit` : ""));
     if (s.kv_bytes_per_token) method.append(el("span", "sub", `${num(s.kv_bytes_per_token)} B/token`));
     row.replaceChildren(
