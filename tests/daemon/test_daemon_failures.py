@@ -75,7 +75,7 @@ def test_killed_worker_backs_off_then_goes_fatal_after_the_limit(start_daemon) -
     fatal = daemon.wait_event("server_fatal", after=mark, server="crashy")
     assert fatal["failures"] == 3 and "3 failures within 60s" in fatal["reason"]
     assert delays == [0.2, 0.4]
-    assert daemon.server("crashy")["state"] == "fatal" and daemon.server("crashy")["pid"] is None
+    assert daemon.wait_states({"crashy": "fatal"})["crashy"]["pid"] is None
 
 
 def test_fatal_server_stays_down_until_restarted_by_name(start_daemon) -> None:
