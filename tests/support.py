@@ -15,8 +15,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
+from veloxd.protocol import READY_PREFIX
+
 REPO = Path(__file__).resolve().parent.parent
-READY_PREFIX = "VELOXD_READY "
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.05, what: str = "condition") -> Any:
@@ -29,6 +32,12 @@ def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time process `pid` has used so far."""
+    times = psutil.Process(pid).cpu_times()
+    return times.user + times.system
 
 
 def free_port() -> int:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -39,6 +40,13 @@ SEMANTIC_CASES = [
     ("cross-field-rule-on-defaults", entry("model: ./model\nport: 8081\nmethod: snapkv\noverrides:\n"
                                            "  snapkv_budget: 16"),
      [(7, 5, "$.servers.coder.overrides", "snapkv_window=32 for method snapkv: must not exceed snapkv_budget=16")]),
+    ("default-above-cap", entry("model: ./model\nport: 8081\nmethod: fp16\nsampling: {max_tokens: 1024}\n"
+                                "limits: {max_tokens: 256}"),
+     [(7, 28, "$.servers.coder.sampling.max_tokens",
+       "sampling.max_tokens (1024) exceeds limits.max_tokens (256): no request could get it")]),
+    ("body-size-not-a-size", entry("model: ./model\nport: 8081\nmethod: fp16\nlimits: {max_body_bytes: lots}"),
+     [(7, 30, "$.servers.coder.limits.max_body_bytes", "limits.max_body_bytes='lots' is not a size; use an "
+       "integer number of bytes or a string like '512M' or '2G' (decimal) or '1.5GiB' (binary)")]),
     ("backoff-order", entry("model: ./model\nport: 8081\nmethod: fp16\nrestart: {backoff_initial_s: 90}"),
      [(7, 34, "$.servers.coder.restart.backoff_initial_s",
        "restart.backoff_max_s (60.0) must be at least backoff_initial_s (90)")]),
@@ -148,12 +156,15 @@ def test_serve_argv_and_restart_keys(tmp_path: Path) -> None:
                  "env: {A: b}\ndescription: demo")
     coder: ServerEntry = load_config(write_config(tmp_path, text, dedent=False)).servers["coder"]
     model = str(tmp_path / "model")
-    assert coder.serve_argv() == [
-        "--model", model, "--method", "affine", "--bits", "8", "--seed", "9", "--host", "127.0.0.1",
+    argv = coder.serve_argv()
+    assert argv == [
+        "--model", model, "--kv-json", argv[3], "--host", "127.0.0.1",
         "--port", "8081", "--adapter-path", model, "--max-tokens", "512", "--temp", "0.2", "--top-p", "1.0",
-        "--prompt-cache-size", "10", "--prompt-cache-bytes", "2000000000", "--api-key-env", "TOKEN",
-        "--set", "affine_rotate=true",
+        "--prompt-cache-size", "10", "--prompt-cache-bytes", "2000000000",
+        "--request-body-timeout", "30.0", "--max-body-bytes", str(32 * 2**20), "--api-key-env", "TOKEN",
     ]
+    assert json.loads(argv[3]) == coder.kv.to_dict()
+    assert json.loads(argv[3])["bits"] == 8 and json.loads(argv[3])["affine_rotate"] is True
     key = coder.process_key()
     assert key["overrides.affine_rotate"] is True and key["env.A"] == "b" and key["port"] == 8081
     assert "description" not in key and "restart.max_failures" not in key
@@ -164,7 +175,15 @@ def test_serve_argv_and_restart_keys(tmp_path: Path) -> None:
     }
 
 
-def test_methods_without_bits_or_seed_get_no_such_flags(tmp_path: Path) -> None:
-    text = entry("model: ./model\nport: 8081\nmethod: h2o\noverrides: {h2o_budget: 512}")
-    argv = load_config(write_config(tmp_path, text, dedent=False)).servers["coder"].serve_argv()
-    assert "--bits" not in argv and "--seed" not in argv and argv[-2:] == ["--set", "h2o_budget=512"]
+def test_the_worker_gets_one_json_document_never_set_text(tmp_path: Path) -> None:
+    text = entry("model: ./model\nport: 8081\nmethod: h2o\noverrides: {h2o_budget: 512}\n"
+                 "limits: {max_tokens: 4096, max_prompt_tokens: 2048, max_body_bytes: 2M}")
+    entry_ = load_config(write_config(tmp_path, text, dedent=False)).servers["coder"]
+    argv = entry_.serve_argv()
+    assert not {"--set", "--method", "--bits", "--seed"} & set(argv)
+    document = json.loads(argv[argv.index("--kv-json") + 1])
+    assert document == entry_.kv.to_dict() and document["h2o_budget"] == 512
+    assert KVCacheConfig.from_dict(document) == entry_.kv
+    flags = dict(zip(argv[::2], argv[1::2]))
+    assert (flags["--limit-max-tokens"], flags["--limit-max-prompt-tokens"]) == ("4096", "2048")
+    assert flags["--max-body-bytes"] == "2000000"

@@ -16,7 +16,7 @@ from veloxd.config.docs import render_markdown
 from veloxd.config.model import ServerEntry, yaml_fields
 from veloxd.config.schema import build_schema, schema_text
 from veloxd.kv import registry
-from veloxd.kv.config import KVCacheConfig, override_fields_for, setting, settings
+from veloxd.kv.config import OWN_KEYS, KVCacheConfig, override_fields_for, setting, settings
 
 REPO = Path(__file__).resolve().parents[2]
 CHECKED_IN = REPO / "schemas" / "veloxd.schema.json"
@@ -124,7 +124,7 @@ def test_checker_enforces_every_field_from_its_metadata(tmp_path: Path, f: datac
     """Built from the metadata alone: a field added to KVCacheConfig is covered here automatically."""
     owner = f.metadata["methods"][0]
     outsider = next(m for m in registry.names() if m not in f.metadata["methods"])
-    key = f"overrides: {{{f.name}: __}}" if f.name not in ("bits", "seed") else f"{f.name}: __"
+    key = f"overrides: {{{f.name}: __}}" if f.name not in OWN_KEYS else f"{f.name}: __"
     good = registry.get(owner).bits_choices[0] if f.name == "bits" else f.default
     good_text = json.dumps(good)
     path = write_config(tmp_path, entry(f"model: m/x\nport: 8081\nmethod: {outsider}\n" + key.replace("__", good_text)),

@@ -7,6 +7,7 @@ second), so tests run alone and in any order; the entry's `env` tells the stand-
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import signal
 import socket
@@ -17,12 +18,14 @@ import pytest
 
 from tests.fixtures.daemon_harness import DEADLINE_S, DaemonHarness, entry, pid_alive, wait_for, wait_gone
 from tests.support import free_port
+from veloxd.kv.config import KVCacheConfig
 
 STUBBORN_STOP_S = 1.5  # ignores SIGTERM: every stop of it lasts this long
 
 SERVERS: dict[str, Callable[[], dict[str, Any]]] = {
     "crashy": lambda: entry(free_port()),
     "invalid": lambda: entry(free_port(), env={"FAKE_EXIT_CODE": "2"}),
+    "skewed": lambda: entry(free_port(), method="kivi", bits=2, env={"FAKE_READY_CONFIG": '{"bits": 4}'}),
     "silent": lambda: entry(free_port(), ready_timeout_s=0.5, env={"FAKE_NO_READY": "1"}),
     "stubborn": lambda: entry(free_port(), stop_timeout_s=STUBBORN_STOP_S, env={"FAKE_IGNORE_TERM": "1"}),
 }
@@ -99,6 +102,20 @@ def test_exit_code_2_is_fatal_at_once(start_daemon) -> None:
     assert "code 2" in fatal["reason"]
     assert "fake worker: failing with code 2" in fatal["last_lines"]["stderr"]
     assert len(daemon.events("server_starting", server="invalid")) == 1
+
+
+def test_worker_echoing_another_kv_config_is_refused(start_daemon) -> None:
+    """The daemon passes one --kv-json document and checks READY echoes it: a mismatch is FATAL, named."""
+    daemon = start_daemon("skewed")
+    refused = daemon.wait_event("server_refused", server="skewed")
+    assert "different KV config" in refused["reason"] and "bits: asked 2, got 4" in refused["reason"]
+    fatal = daemon.wait_event("server_fatal", server="skewed")
+    assert fatal["reason"] == refused["reason"]
+    starting = daemon.events("server_starting", server="skewed")
+    argv = starting[0]["argv"]
+    assert json.loads(argv[argv.index("--kv-json") + 1]) == KVCacheConfig("kivi", bits=2).to_dict()
+    assert "--set" not in argv and not daemon.events("server_ready", server="skewed")
+    assert len(starting) == 1
 
 
 def test_port_held_by_another_process_is_fatal_naming_the_port(start_daemon) -> None:

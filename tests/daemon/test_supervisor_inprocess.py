@@ -8,6 +8,7 @@ are exercised in microseconds and exactly.
 
 from __future__ import annotations
 
+import json
 import signal
 import threading
 from collections.abc import Iterator
@@ -103,10 +104,16 @@ def supervisor(spawner: FakeSpawner) -> Supervisor:
     return Supervisor(spawner, structlog.get_logger("test"))  # type: ignore[arg-type]
 
 
+def ready_line(sup: Supervisor, name: str) -> dict[str, Any]:
+    """A READY payload echoing the entry's KV config, as veloxd.protocol requires."""
+    kv = sup.servers[name].entry.kv
+    return {"method": kv.method, "config": kv.applied()}
+
+
 def bring_up(sup: Supervisor, spawner: FakeSpawner, name: str, now: float) -> FakeChild:
     """Report READY line and health for the latest spawn of `name`."""
     spawn_id, child = spawner.latest(name)
-    sup.on_message(m.ReadyLine(name, spawn_id, {"method": "fp16"}), now)
+    sup.on_message(m.ReadyLine(name, spawn_id, ready_line(sup, name)), now)
     sup.on_message(m.Healthy(name, spawn_id), now)
     return child
 
@@ -129,13 +136,13 @@ def test_start_ready_after_ready_line_and_health(supervisor, spawner, events) ->
     supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
     assert supervisor.servers["a"].state is S.STARTING
     spawn_id, _ = spawner.latest("a")
-    supervisor.on_message(m.ReadyLine("a", spawn_id, {"method": "fp16"}), 2.0)
+    supervisor.on_message(m.ReadyLine("a", spawn_id, ready_line(supervisor, "a")), 2.0)
     assert supervisor.servers["a"].state is S.STARTING  # READY needs /health too
     assert spawner.probes == [("a", spawn_id)]
     supervisor.on_message(m.Healthy("a", spawn_id), 2.5)
     assert supervisor.servers["a"].state is S.READY
     ready = next(e for e in events if e["event"] == "server_ready")
-    assert ready["startup_s"] == 2.5 and ready["ready"] == {"method": "fp16"}
+    assert ready["startup_s"] == 2.5 and ready["ready"] == ready_line(supervisor, "a")
 
 
 def test_ready_timeout_kills_then_backs_off_with_doubling_delays_then_fatal(supervisor, spawner, events) -> None:
@@ -189,6 +196,31 @@ def test_crash_after_ready_backs_off_and_the_next_start_is_a_new_spawn(superviso
     assert server.snapshot()["restarts"] == 1
 
 
+def test_ready_line_echoing_another_kv_config_is_refused_and_fatal(supervisor, spawner, events) -> None:
+    a = make_entry("a", free_port(), method="kivi", bits=2)
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    spawn_id, child = spawner.latest("a")
+    echoed = {**a.kv.to_dict(), "bits": 4}
+    supervisor.on_message(m.ReadyLine("a", spawn_id, {"method": "kivi", "config": echoed}), 2.0)
+    assert child.signals == [signal.SIGKILL] and spawner.probes == []
+    child.returncode = -signal.SIGKILL
+    supervisor.on_message(m.ChildExited("a", spawn_id, -signal.SIGKILL), 2.1)
+    server = supervisor.servers["a"]
+    assert server.state is S.FATAL
+    assert server.fatal_reason == "the worker runs a different KV config than asked (bits: asked 2, got 4)"
+    assert names_of(events, "server_refused") == ["a"]
+
+
+def test_malformed_ready_line_is_refused(supervisor, spawner) -> None:
+    a = make_entry("a", free_port())
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    spawn_id, child = spawner.latest("a")
+    supervisor.on_message(m.ReadyLine("a", spawn_id, {"raw": "{"}, "READY line is not JSON: ..."), 2.0)
+    assert child.signals == [signal.SIGKILL]
+    supervisor.on_message(m.ChildExited("a", spawn_id, -signal.SIGKILL), 2.1)
+    assert supervisor.servers["a"].fatal_reason == "READY line is not JSON: ..."
+
+
 def test_reports_from_an_old_spawn_are_ignored(supervisor, spawner) -> None:
     a = make_entry("a", free_port())
     supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
@@ -239,7 +271,7 @@ def test_reload_restarts_only_the_changed_entry_after_its_old_worker_exits(super
     assert not supervisor.busy
     assert len(spawner.children) == 3
     name, _, new_b = spawner.children[-1]
-    assert name == "b" and "kivi" in new_b.argv
+    assert name == "b" and json.loads(new_b.argv[new_b.argv.index("--kv-json") + 1])["method"] == "kivi"
     assert supervisor.servers["a"].child is child_a and supervisor.servers["a"].state is S.READY
 
 

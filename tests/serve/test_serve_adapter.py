@@ -75,6 +75,30 @@ def test_response_generator_internals_used_for_stop_and_health():
         assert needle in source
 
 
+def test_generation_hooks_used_to_bound_requests():
+    """StoppableGenerator overrides _tokenize and _await_response; both of mlx_lm's paths honour ctx.stop()."""
+    generator = mlx_server.ResponseGenerator
+    assert list(inspect.signature(generator._tokenize).parameters) == ["self", "tokenizer", "request", "args"]
+    assert set(re.findall(r"\bargs\.([a-z_]+)", inspect.getsource(generator._tokenize))) == {"chat_template_kwargs"}
+    assert list(inspect.signature(generator._await_response).parameters) == ["self", "response_queue"]
+    generate = inspect.getsource(generator.generate)
+    assert generate.count("self._await_response(response_queue)") == 2  # the context, then every item
+    assert "self._tokenize(" in inspect.getsource(generator._serve_single)
+    assert "self._tokenize(" in inspect.getsource(generator._generate)
+    assert "ctx._should_stop" in inspect.getsource(generator._serve_single)
+    assert inspect.getsource(generator._generate).count('["ctx"]._should_stop') == 2  # prefill and decode
+    assert callable(mlx_server.GenerationContext.stop) and mlx_server.Response
+
+
+def test_request_hooks_used_for_limits():
+    """The handler reads the body once with rfile.read, then reads self.max_tokens and chat_template_kwargs."""
+    do_post = inspect.getsource(mlx_server.APIHandler.do_POST)
+    assert "self.rfile.read(content_length)" in do_post
+    assert "self.max_tokens" in do_post and "self.chat_template_kwargs" in do_post
+    assert "max_tokens=self.max_tokens" in inspect.getsource(mlx_server.APIHandler.handle_completion)
+    assert "finally:\n            ctx.stop()" in inspect.getsource(mlx_server.APIHandler.handle_completion)
+
+
 def test_server_args_keeps_upstream_defaults_and_applies_overrides():
     args = adapter.server_args(model="m", max_tokens=7, temp=None)
     assert args.model == "m" and args.max_tokens == 7 and args.temp == 0.0

@@ -27,7 +27,17 @@ from tests.support import run_reporting_imports, run_veloxd
         (["--method", "affine", "--top-p", "1.5"], "--top-p 1.5: must be between 0 and 1"),
         (["--method", "affine", "--port", "70000"], "--port 70000: must be between 1 and 65535"),
         (["--method", "affine", "--api-key-env", "VELOXD_TEST_UNSET_KEY"], "VELOXD_TEST_UNSET_KEY: that environment variable is not set"),
-        (["--method", "affine", "--prompt-cache-bytes", "lots"], "expected a size such as 2G"),
+        (["--method", "affine", "--prompt-cache-bytes", "lots"], "--prompt-cache-bytes 'lots': expected an integer number of bytes or a string like '512M' or '2G'"),
+        (["--max-body-bytes", "0"], "--max-body-bytes '0': expected"),
+        (["--limit-max-prompt-tokens", "0"], "--limit-max-prompt-tokens 0: must be >= 1"),
+        (["--request-body-timeout", "0"], "--request-body-timeout 0.0: must be > 0 seconds"),
+        (["--host", "bad host!"], "--host 'bad host!' is not a host name or IP address"),
+        (["--kv-json", '{"method": "kivi", "kivi_group_size": 48}'], "--kv-json: kivi_group_size: kivi_group_size=48 for method kivi"),
+        (["--kv-json", '{"method": "kivi", "kivi_group_sise": 64}'], "--kv-json: kivi_group_sise: unknown field 'kivi_group_sise'; did you mean 'kivi_group_size'?"),
+        (["--kv-json", '{"method": "kivi"}', "--bits", "2"], "--kv-json holds every KV setting: drop --bits"),
+        (["--kv-json", "[1, 2]"], "--kv-json: expected a JSON object of KV-cache settings, not list"),
+        (["--kv-json", "{method: kivi}"], "--kv-json: not JSON"),
+        (["--kv-json", "/nonexistent/kv.json"], "--kv-json /nonexistent/kv.json: cannot read"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_culprit(tiny_model, flags, expected):
@@ -42,13 +52,13 @@ def test_bad_flags_exit_2_naming_the_culprit(tiny_model, flags, expected):
 def test_missing_model_directory_is_refused_before_load(tmp_path):
     result = run_veloxd("serve", "--model", str(tmp_path / "nope"), "--method", "affine")
     assert result.returncode == 2
-    assert "no such model directory" in result.stderr
+    assert f"model path {tmp_path / 'nope'} does not exist" in result.stderr
 
 
 def test_malformed_hugging_face_id_is_refused():
     result = run_veloxd("serve", "--model", "not a repo id", "--method", "affine")
     assert result.returncode == 2
-    assert "not a local directory nor a Hugging Face id" in result.stderr
+    assert "is neither an existing directory" in result.stderr and "nor a Hugging Face id" in result.stderr
 
 
 def test_port_in_use_exits_2_naming_the_port(tiny_model):

@@ -94,8 +94,6 @@ def test_request_stats_count_statuses_tokens_and_time() -> None:
 
 
 def test_ready_config_carries_only_the_chosen_methods_fields() -> None:
-    from veloxd.serve.worker import method_config
-
-    config = method_config(KVCacheConfig(method="kivi", bits=2))
+    config = KVCacheConfig(method="kivi", bits=2).applied()  # what veloxd.serve.worker puts in READY
     assert config["method"] == "kivi" and config["bits"] == 2 and "kivi_group_size" in config
     assert not [key for key in config if key.startswith(("h2o", "snapkv", "tova", "turbo", "qjl"))]

@@ -15,6 +15,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+from veloxd import protocol
 from veloxd.paths import default_config_path
 
 
@@ -32,7 +33,7 @@ def register(sub: Any) -> None:
                    "entries (repeatable)")
     p.add_argument("--progress-json", action="store_true", help="print machine-readable `VELOXD_DOWNLOAD {json}` "
                    "lines on stdout instead of a progress bar (the daemon's download step)")
-    p.add_argument("--lifeline-fd", type=int, help=argparse.SUPPRESS)
+    p.add_argument(protocol.LIFELINE_FLAG, type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
 

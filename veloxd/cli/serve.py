@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from veloxd import protocol
 from veloxd.kv import registry
 from veloxd.kv.config import override_fields_for
 
@@ -17,11 +18,13 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="run one OpenAI-compatible server with a compressed KV cache",
         description="Serve one MLX model through mlx_lm's OpenAI-compatible server with a compressed "
         "KV cache. Invalid flags exit 2 before the model loads. Prints one line "
-        "'VELOXD_READY {json}' on stdout once the model is loaded and the cache wired.",
+        f"'{protocol.READY_PREFIX}{{json}}' on stdout once the model is loaded and the cache wired. "
+        "KV settings come from --method/--bits/--seed/--set (by hand) or from one JSON document, "
+        "--kv-json (what the daemon passes). Sizes: K/M/G decimal, Ki/Mi/Gi binary.",
         epilog=f"--set fields per method: {fields}",
     )
     p.add_argument("--model", required=True, help="local model directory or Hugging Face id")
-    p.add_argument("--method", default="affine", help=f"KV-cache method: {', '.join(registry.names())} (default affine)")
+    p.add_argument("--method", help=f"KV-cache method: {', '.join(registry.names())} (default affine)")
     p.add_argument("--bits", type=int, help="bits per element (valid values depend on the method)")
     p.add_argument("--seed", type=int, help="seed for rotations and sketches (methods that use one)")
     p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
@@ -33,8 +36,19 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-cache-size", type=int, help="prompt caches kept for prefix reuse (count)")
     p.add_argument("--prompt-cache-bytes", help="byte bound of the prompt caches, e.g. 2G (batched path only)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="a KVCacheConfig field (repeatable)")
+    p.add_argument(protocol.KV_JSON_FLAG, metavar="JSON|FILE", help="every KV setting as one JSON object "
+                   "(KVCacheConfig.to_dict(), e.g. '{\"method\": \"kivi\", \"bits\": 2}') or a file holding it; "
+                   "replaces --method/--bits/--seed/--set")
+    p.add_argument("--limit-max-tokens", type=int, metavar="N", help="most tokens a request may generate; "
+                   "larger requests are capped to it (default: the model's context length)")
+    p.add_argument("--limit-max-prompt-tokens", type=int, metavar="N", help="longest prompt accepted; longer "
+                   "ones get HTTP 400 before any prefill (default: the model's context length)")
+    p.add_argument("--request-body-timeout", type=float, default=30.0, metavar="S", help="seconds a client "
+                   "has to send its request body (and each header read); slower ones get 408 (default 30)")
+    p.add_argument("--max-body-bytes", metavar="SIZE", help="largest request body, e.g. 32Mi; larger ones get "
+                   "413 (default 32Mi)")
     p.add_argument("--api-key-env", metavar="VAR", help="require 'Authorization: Bearer $VAR' on every request but /health")
-    p.add_argument("--lifeline-fd", type=int, help=argparse.SUPPRESS)  # the daemon's pipe: EOF means it died
+    p.add_argument(protocol.LIFELINE_FLAG, type=int, help=argparse.SUPPRESS)  # the daemon's pipe: EOF means it died
     p.set_defaults(func=run)
 
 
@@ -45,7 +59,7 @@ def run(args: argparse.Namespace) -> int:
         options = build_options(args)
     except UsageError as err:
         print(f"veloxd serve: error: {err}", file=sys.stderr)
-        return 2
+        return protocol.ExitCode.INVALID
     for warning in options.warnings:
         print(f"veloxd serve: warning: {warning}", file=sys.stderr)
     from veloxd.serve.worker import serve  # imports mlx: only after validation

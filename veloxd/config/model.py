@@ -11,14 +11,13 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
 from typing import Any
 
-from veloxd.config.units import SIZE_HELP, SIZE_PATTERN, parse_size
-from veloxd.kv import registry
-from veloxd.kv.config import KVCacheConfig, fields_for
+from veloxd import protocol
+from veloxd.checks import HOST_PATTERN, SIZE_HELP, SIZE_PATTERN, parse_size
+from veloxd.kv.config import OWN_KEYS, KVCacheConfig, fields_for
 
 VERSION = 1
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
-HOST_PATTERN = r"^[A-Za-z0-9.:-]+$"
 
 
 def key(
@@ -60,6 +59,23 @@ class PromptCache:
 
 
 @dataclass(frozen=True)
+class Limits:
+    max_tokens: int | None = key(None, help="Most tokens one request may generate; a request asking for more "
+                                 "gets this many (finish_reason \"length\"). null: the model's context length.",
+                                 schema={"type": ["integer", "null"], "minimum": 1, "maximum": 1 << 24})
+    max_prompt_tokens: int | None = key(None, help="Longest prompt accepted, in tokens; a longer one gets HTTP 400 "
+                                        "naming both numbers, before any prefill. null: the model's context length.",
+                                        schema={"type": ["integer", "null"], "minimum": 1, "maximum": 1 << 24})
+    request_body_timeout_s: float = key(30.0, help="Seconds a client has to send a request's body (and each "
+                                        "read of its headers); a slower one gets 408 and the connection closes.",
+                                        schema={"type": "number", "exclusiveMinimum": 0, "maximum": 3600})
+    max_body_bytes: int = key(32 * 2**20, help=f"Largest request body accepted ({SIZE_HELP}); a larger "
+                              "Content-Length gets 413 before anything is read.",
+                              schema={"type": ["integer", "string"], "minimum": 1, "pattern": SIZE_PATTERN},
+                              convert=parse_size)
+
+
+@dataclass(frozen=True)
 class RestartPolicy:
     max_failures: int = key(5, help="Failed starts or crashes within window_s after which the server is FATAL "
                             "(left stopped until its entry changes or `veloxd restart NAME`).",
@@ -89,6 +105,8 @@ class ServerEntry:
     sampling: Sampling = section(Sampling, help="Sampling defaults for requests that do not set their own.")
     prompt_cache: PromptCache = section(PromptCache, help="mlx_lm's prompt cache: reuses the KV cache of a "
                                         "shared prefix across requests.")
+    limits: Limits = section(Limits, help="Bounds on the work one request may cause: tokens generated, prompt "
+                             "length, request body size and time.")
     env: Mapping[str, str] = key(factory=dict, help="Extra environment variables for this server's process "
                                  "(string values: quote numbers).",
                                  schema={"type": "object", "propertyNames": {"pattern": ENV_NAME_PATTERN},
@@ -117,12 +135,8 @@ class ServerEntry:
 
     def serve_argv(self) -> list[str]:
         """The flags of `veloxd serve` that run this entry (without the program name)."""
-        kv, s, pc = self.kv, self.sampling, self.prompt_cache
-        argv = ["--model", self.model, "--method", kv.method]
-        if registry.get(kv.method).bits_choices:
-            argv += ["--bits", str(kv.bits)]
-        if "seed" in fields_for(kv.method):
-            argv += ["--seed", str(kv.seed)]
+        s, pc, lim = self.sampling, self.prompt_cache, self.limits
+        argv = ["--model", self.model, protocol.KV_JSON_FLAG, protocol.kv_document(self.kv.to_dict())]
         argv += ["--host", self.host, "--port", str(self.port)]
         if self.adapter_path:
             argv += ["--adapter-path", self.adapter_path]
@@ -130,10 +144,13 @@ class ServerEntry:
         argv += ["--prompt-cache-size", str(pc.size)]
         if pc.bytes is not None:
             argv += ["--prompt-cache-bytes", str(pc.bytes)]
+        if lim.max_tokens is not None:
+            argv += ["--limit-max-tokens", str(lim.max_tokens)]
+        if lim.max_prompt_tokens is not None:
+            argv += ["--limit-max-prompt-tokens", str(lim.max_prompt_tokens)]
+        argv += ["--request-body-timeout", str(lim.request_body_timeout_s), "--max-body-bytes", str(lim.max_body_bytes)]
         if self.api_key_env:
             argv += ["--api-key-env", self.api_key_env]
-        for name, value in kv.overrides().items():
-            argv += ["--set", f"{name}={_flag_text(value)}"]
         return argv
 
     def process_key(self) -> dict[str, Any]:
@@ -243,10 +260,7 @@ def dashboard_from_dict(data: Mapping[str, Any] | None) -> Dashboard | None:
 
 def _kv_to_dict(kv: KVCacheConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"method": kv.method}
-    if registry.get(kv.method).bits_choices:
-        out["bits"] = kv.bits
-    if "seed" in fields_for(kv.method):
-        out["seed"] = kv.seed
+    out.update({own: getattr(kv, own) for own in OWN_KEYS if own in fields_for(kv.method)})
     out["overrides"] = kv.overrides()
     return out
 
@@ -254,7 +268,7 @@ def _kv_to_dict(kv: KVCacheConfig) -> dict[str, Any]:
 def _kv_from_dict(data: Mapping[str, Any]) -> KVCacheConfig:
     values: dict[str, Any] = {"method": data["method"]}
     values.update(data.get("overrides") or {})
-    for own in ("bits", "seed"):
+    for own in OWN_KEYS:
         if data.get(own) is not None:
             values[own] = data[own]
     for name, value in values.items():
@@ -287,7 +301,7 @@ def _flat_keys(entry: ServerEntry, *, live: bool) -> dict[str, Any]:
         value = getattr(entry, f.name)
         if "kv" in f.metadata:
             for name, setting in value.to_dict().items():
-                out[name if name in ("method", "bits", "seed") else f"overrides.{name}"] = setting
+                out[name if name == "method" or name in OWN_KEYS else f"overrides.{name}"] = setting
         elif "section" in f.metadata:
             out.update({f"{f.name}.{k}": v for k, v in dataclasses.asdict(value).items()})
         elif isinstance(value, Mapping):
@@ -295,9 +309,3 @@ def _flat_keys(entry: ServerEntry, *, live: bool) -> dict[str, Any]:
         else:
             out[f.name] = value
     return out
-
-
-def _flag_text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "none" if value is None else str(value)

@@ -14,11 +14,10 @@ from typing import Any
 
 from veloxd.config.model import NAME_PATTERN, VERSION, Config, ServerEntry, yaml_fields
 from veloxd.kv import registry
-from veloxd.kv.config import settings
+from veloxd.kv.config import OWN_KEYS, settings
 from veloxd.kv.registry import MethodInfo
 
 DRAFT = "http://json-schema.org/draft-07/schema#"
-OWN_KEYS = ("bits", "seed")  # KVCacheConfig fields with their own key in an entry; the rest go in `overrides`
 _TYPES = {int: "integer", bool: "boolean", float: "number", str: "string"}
 Fields = Sequence[dataclasses.Field]
 

@@ -4,18 +4,14 @@ from __future__ import annotations
 
 import ipaddress
 import os
-import re
 from collections.abc import Callable
 from collections.abc import Set as AbstractSet
 from pathlib import Path
 from typing import Any
 
+from veloxd.checks import host_problem, is_loopback, parse_size, resolve_model
 from veloxd.config.model import RestartPolicy, ServerEntry
-from veloxd.config.units import parse_size
-
-HF_ID = re.compile(r"^[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?/[A-Za-z0-9](?:[A-Za-z0-9._-]{0,94}[A-Za-z0-9])?$")
-_LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
-HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*$")
+from veloxd.kv.config import OWN_KEYS, KVConfigError
 
 Problems = list[tuple[tuple, str]]  # (path inside the entry, message)
 Report = Callable[[tuple, str], None]
@@ -41,18 +37,21 @@ def check_entry(name: str, raw: dict[str, Any], base_dir: Path,
         _check_host(data, report)
     if "restart" not in bad_keys:
         _check_backoff(data.get("restart") or {}, report)
-    size = None if "prompt_cache" in bad_keys else (data.get("prompt_cache") or {}).get("bytes")
-    if size is not None:
-        try:
-            parse_size(size)
-        except ValueError as err:
-            report(("prompt_cache", "bytes"), f"prompt_cache.bytes: {err}")
+    for section, size_key in (("prompt_cache", "bytes"), ("limits", "max_body_bytes")):
+        size = None if section in bad_keys else (data.get(section) or {}).get(size_key)
+        if size is not None:
+            try:
+                parse_size(size)
+            except ValueError as err:
+                report((section, size_key), f"{section}.{size_key}: {err}")
+    if not bad_keys & {"sampling", "limits"}:
+        _check_token_cap(data, report)
     if problems or bad_keys:
         return None, problems
     try:
         return ServerEntry.from_dict(name, data), []
-    except ValueError as err:  # KVCacheConfig's cross-field rules: point at the field the message names
-        return None, [(_kv_error_path(str(err), data), str(err))]
+    except KVConfigError as err:  # KVCacheConfig's own and cross-field rules name their field
+        return None, [(_kv_error_path(err.field, data), err.message)]
 
 
 def endpoint_conflicts(endpoints: dict[str, tuple[str, int]]) -> list[tuple[str, str]]:
@@ -83,15 +82,6 @@ def check_dashboard(raw: dict[str, Any], servers: dict[str, tuple[str, int]]) ->
     return problems
 
 
-def is_loopback(host: str) -> bool:
-    if host.lower() == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
-
-
 def _same_address(a: str, b: str) -> bool:
     """Equal after normalising, or one of them is a wildcard (0.0.0.0 / ::) that takes every address."""
     def norm(host: str) -> str:
@@ -105,20 +95,10 @@ def _same_address(a: str, b: str) -> bool:
 
 def _resolve_model(text: str, base_dir: Path, report: Report) -> str:
     """Local directory (absolute, normalised) or Hugging Face id, as mlx_lm decides: an existing path wins."""
-    local = Path(os.path.normpath(base_dir / os.path.expanduser(text)))
-    explicit = text.startswith(("/", "./", "../", "~")) or text in (".", "..")
-    if local.exists():
-        if not local.is_dir():
-            report(("model",), f"model path {local} is a file; expected an MLX model directory")
-        elif not (local / "config.json").is_file():
-            report(("model",), f"model directory {local} has no config.json (not an MLX model directory)")
-        return str(local)
-    if explicit:
-        report(("model",), f"model path {local} does not exist")
-    elif not (HF_ID.match(text) and "--" not in text and ".." not in text):
-        report(("model",), f"model '{text}' is neither an existing directory ({local}) "
-                           "nor a Hugging Face id like 'mlx-community/Qwen2.5-7B-Instruct-4bit'")
-    return text
+    ref = resolve_model(text, base_dir)
+    if ref.problem:
+        report(("model",), ref.problem)
+    return ref.value
 
 
 def _resolve_adapter(text: str, base_dir: Path, report: Report) -> str:
@@ -140,23 +120,28 @@ def _check_backoff(restart: dict[str, Any], report: Report) -> None:
 
 def _check_host(data: dict[str, Any], report: Report) -> None:
     host = data.get("host", "127.0.0.1")
-    try:
-        ipaddress.ip_address(host)
-    except ValueError:
-        if not HOSTNAME.match(host):
-            report(("host",), f"host={host!r} is not a host name or IP address")
-            return
+    problem = host_problem(host)
+    if problem:
+        report(("host",), f"host={problem}")
+        return
     if not is_loopback(host) and not data.get("api_key_env") and data.get("allow_unauthenticated") is not True:
         report(("host",), f"host {host} exposes the server beyond this machine: set api_key_env (clients then "
                           "need a bearer token) or, deliberately, allow_unauthenticated: true")
 
 
-def _kv_error_path(message: str, data: dict[str, Any]) -> tuple:
-    first = re.match(r"\w+", message)
-    name = first.group(0) if first else ""
+def _check_token_cap(data: dict[str, Any], report: Report) -> None:
+    default = (data.get("sampling") or {}).get("max_tokens")
+    cap = (data.get("limits") or {}).get("max_tokens")
+    if isinstance(default, int) and isinstance(cap, int) and default > cap:
+        report(("sampling", "max_tokens"),
+               f"sampling.max_tokens ({default}) exceeds limits.max_tokens ({cap}): no request could get it")
+
+
+def _kv_error_path(field: str, data: dict[str, Any]) -> tuple:
+    """Where an entry writes the KV setting `field`: its own key, inside overrides, else the nearest key."""
     overrides = data.get("overrides") or {}
-    if name in overrides:
-        return ("overrides", name)
-    if name in ("bits", "seed") and name in data:
-        return (name,)
+    if field in overrides:
+        return ("overrides", field)
+    if (field in OWN_KEYS or field == "method") and field in data:
+        return (field,)
     return ("overrides",) if "overrides" in data else ("method",)

@@ -9,13 +9,13 @@ from typing import Any, cast
 from jsonschema import Draft7Validator
 from jsonschema.exceptions import ValidationError
 
+from veloxd.checks import SIZE_HELP, SIZE_PATTERN, did_you_mean
 from veloxd.config.errors import ConfigIssue, json_path, one_line
 from veloxd.config.model import VERSION
-from veloxd.config.schema import OWN_KEYS, default_schema
-from veloxd.config.units import SIZE_HELP
+from veloxd.config.schema import default_schema
 from veloxd.config.yaml_nodes import Span
 from veloxd.kv import registry
-from veloxd.kv.config import did_you_mean, override_fields_for, owners, settings
+from veloxd.kv.config import OWN_KEYS, override_fields_for, owners, settings
 
 YAML11_BOOLEANS = ("yes", "no", "on", "off", "y", "n")
 _EXPECTED = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
@@ -171,7 +171,7 @@ def _value_message(err: ValidationError, path: tuple, value: Any, data: Any) -> 
     if kind in bounds:
         return f"{label}={value!r}{for_method}: must be {bounds[kind]} {rule}"
     if kind == "pattern":
-        if key == "bytes":
+        if err.validator_value == SIZE_PATTERN:
             return f"{label}={value!r} is not a size; use {SIZE_HELP}"
         if key == "api_key_env":
             return f"api_key_env={value!r} is not an environment variable name (letters, digits and '_')"

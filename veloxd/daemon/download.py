@@ -11,6 +11,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from veloxd import protocol
 from veloxd.download import cache
 from veloxd.download.progress import Meter, should_report
 from veloxd.download.protocol import percent
@@ -30,7 +31,7 @@ def worker_hub_env(model: str) -> dict[str, str]:
 
 def download_command(model: str, lifeline_fd: int) -> list[str]:
     return [sys.executable, "-m", "veloxd", "pull", "--progress-json", "--model", model,
-            "--lifeline-fd", str(lifeline_fd)]
+            protocol.LIFELINE_FLAG, str(lifeline_fd)]
 
 
 class DownloadPhase:

@@ -59,6 +59,7 @@ class ReadyLine:
     server: str
     spawn_id: int
     payload: dict[str, Any]
+    problem: str | None = None  # how the line breaks veloxd.protocol (the worker is then refused)
 
 
 @dataclass(frozen=True)

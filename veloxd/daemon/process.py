@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+from veloxd import protocol
+
 TAIL_LINES = 20
 READER_JOIN_S = 2.0  # a grandchild keeping the pipe open must not hold up the exit report
 
@@ -178,7 +180,7 @@ def worker_env(extra: Mapping[str, str]) -> dict[str, str]:
     """The daemon's environment plus the entry's `env`, with unbuffered Python output."""
     env = dict(os.environ)
     env.update(extra)
-    env["PYTHONUNBUFFERED"] = "1"  # a piped child would otherwise hold back its READY line
+    env.update(protocol.WORKER_ENV)  # e.g. unbuffered output: a piped child would hold back its READY line
     return env
 
 

@@ -12,6 +12,7 @@ import threading
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
+from veloxd import protocol
 from veloxd.daemon.download import DownloadPhase, needs_download
 from veloxd.daemon.probe import port_holder, port_in_use
 from veloxd.daemon.process import Child, describe_exit, worker_env
@@ -32,7 +33,7 @@ EVENT_FOR_STATE = {
     S.STOPPING: "server_stopping",
     S.STOPPED: "server_stopped",
 }
-UNFIXABLE_EXIT = 2  # the worker's "invalid input or port in use", the download's "not found, gated...": final
+UNFIXABLE_EXIT = protocol.ExitCode.INVALID  # the worker's "invalid input or port in use", the download's "not found, gated...": final
 
 
 class Spawner(Protocol):
@@ -66,6 +67,7 @@ class ServerProcess:
         self.download: DownloadPhase | None = None  # while DOWNLOADING
         self.startup_s: float | None = None
         self.last_error: str | None = None  # what a person should read first after a failure
+        self._refused: str | None = None  # why this worker's READY line was refused
         self._spawner = spawner
         self._log = log.bind(server=entry.name)
         self._spawned_at = 0.0
@@ -99,6 +101,7 @@ class ServerProcess:
         """STOPPED/BACKOFF -> DOWNLOADING if the model is not local yet, else STARTING."""
         self.child = None
         self.ready_payload = None
+        self._refused = None
         self._timed_out = self._killed = False
         if needs_download(self.entry.model, worker_env(self.entry.env)):
             self._start_download(now)
@@ -166,8 +169,16 @@ class ServerProcess:
         self.fatal_reason = None
 
     # ---- reports from the worker (via the loop) ---------------------------------------
-    def on_ready_line(self, spawn_id: int, payload: dict[str, Any]) -> None:
+    def on_ready_line(self, spawn_id: int, payload: dict[str, Any], problem: str | None = None) -> None:
         if spawn_id != self.spawn_id or self.state is not S.STARTING:
+            return
+        problem = problem or protocol.config_mismatch(self.entry.kv.applied(), payload.get("config"))
+        if problem is not None and self.child is not None:
+            # A worker running other settings than asked (or speaking another protocol) is not
+            # this entry's server: stop it; its exit becomes a FATAL failure naming the problem.
+            self._refused = problem
+            self._log.error("server_refused", pid=self.child.pid, reason=problem)
+            self.child.signal_group(signal.SIGKILL)
             return
         self.ready_payload = payload
         entry = self.entry
@@ -213,8 +224,8 @@ class ServerProcess:
         stderr = [line for line in tail.get("stderr", []) if line.strip()]
         exit_text = describe_exit(returncode)
         self.last_error = stderr[-1] if stderr else f"{reason}: {exit_text['signal'] or 'code ' + str(exit_text['code'])}"
-        unfixable = None
-        if returncode == UNFIXABLE_EXIT:
+        unfixable = self._refused
+        if unfixable is None and returncode == UNFIXABLE_EXIT:
             unfixable = "worker exited with code 2 (invalid input or port in use; see last_lines)"
         self._fail(now, reason, unfixable, last_lines=tail)
 

@@ -7,13 +7,13 @@ Unchanged servers are not touched; live-only updates replace the entry without a
 
 from __future__ import annotations
 
-import json
 import queue
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from veloxd import protocol
 from veloxd.daemon import messages as m
 from veloxd.daemon.download import download_command, worker_hub_env
 from veloxd.daemon.probe import wait_healthy
@@ -21,8 +21,6 @@ from veloxd.daemon.process import Child, Lifeline, worker_env
 from veloxd.daemon.server import ServerProcess
 from veloxd.daemon.state import ServerState
 from veloxd.download.protocol import parse_line
-
-READY_PREFIX = "VELOXD_READY "
 
 
 class WorkerSpawner:
@@ -35,19 +33,18 @@ class WorkerSpawner:
         self._log = log
 
     def argv(self, entry: Any) -> list[str]:
-        return [*self.command, *entry.serve_argv(), "--lifeline-fd", str(self._lifeline.read_fd)]
+        return [*self.command, *entry.serve_argv(), protocol.LIFELINE_FLAG, str(self._lifeline.read_fd)]
 
     def spawn(self, name: str, spawn_id: int, entry: Any) -> Child:
         inbox, log = self._inbox, self._log.bind(server=name)
 
         def on_line(pid: int, stream: str, line: str) -> None:
             log.info("server_output", pid=pid, stream=stream, line=line)
-            if stream == "stdout" and line.startswith(READY_PREFIX):
+            if stream == "stdout" and protocol.is_ready_line(line):
                 try:
-                    payload = json.loads(line[len(READY_PREFIX) :])
-                except json.JSONDecodeError:
-                    payload = {"raw": line[len(READY_PREFIX) :]}
-                inbox.put(m.ReadyLine(name, spawn_id, payload if isinstance(payload, dict) else {"raw": payload}))
+                    inbox.put(m.ReadyLine(name, spawn_id, dict(protocol.parse_ready(line))))
+                except protocol.ProtocolError as err:
+                    inbox.put(m.ReadyLine(name, spawn_id, {"raw": line[len(protocol.READY_PREFIX) :]}, str(err)))
 
         def on_exit(returncode: int) -> None:
             inbox.put(m.ChildExited(name, spawn_id, returncode))
@@ -151,7 +148,7 @@ class Supervisor:
         if isinstance(msg, m.ChildExited):
             server.on_exit(msg.spawn_id, msg.returncode, now)
         elif isinstance(msg, m.ReadyLine):
-            server.on_ready_line(msg.spawn_id, msg.payload)
+            server.on_ready_line(msg.spawn_id, msg.payload, msg.problem)
         elif isinstance(msg, m.DownloadLine):
             server.on_download_line(msg.spawn_id, msg.payload, now)
         else:

@@ -15,7 +15,7 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Final
 
-from veloxd.config.semantic import HF_ID  # the config's own test of "a Hugging Face id"
+from veloxd.checks import is_hf_id  # the one test of "a Hugging Face id" (the config's too)
 
 # The files mlx_lm.utils fetches for a model (its DEFAULT_ALLOW_PATTERNS; a test keeps them equal).
 ALLOW_PATTERNS: Final = (
@@ -35,7 +35,7 @@ REVISION: Final = "main"
 
 def is_hub_model(model: str) -> bool:
     """True if `model` names a Hugging Face repository (mlx_lm: an existing path is local)."""
-    return bool(HF_ID.match(model)) and ".." not in model and not Path(model).expanduser().exists()
+    return is_hf_id(model) and not Path(model).expanduser().exists()
 
 
 def wanted(path: str) -> bool:

@@ -9,9 +9,9 @@ from __future__ import annotations
 from typing import Any
 
 from veloxd.kv import registry
-from veloxd.kv.config import KVCacheConfig
+from veloxd.kv.config import KVCacheConfig, KVConfigError
 
-__all__ = ["KVCacheConfig", "load_prompt_cache", "make_caches", "registry"]
+__all__ = ["KVCacheConfig", "KVConfigError", "load_prompt_cache", "make_caches", "registry"]
 
 
 def make_caches(model: Any, config: KVCacheConfig) -> list[Any]:

@@ -8,14 +8,26 @@ and the docs/reference.md tables are all generated from it. This module imports 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 from dataclasses import dataclass, field
 from typing import Any
 
+from veloxd.checks import did_you_mean
 from veloxd.kv import registry
 
+# Settings with their own key in a veloxd.yaml entry (and their own `veloxd serve` flag); every
+# other setting of a method goes in its `overrides` mapping (or `--set FIELD=VALUE`).
+OWN_KEYS = ("bits", "seed")
 TURBOQUANT = ("turboquant_mse", "turboquant_prod")
 SEEDED = ("affine", "turboquant_mse", "turboquant_prod", "qjl")
+
+
+class KVConfigError(ValueError):
+    """An invalid KV-cache setting: `field` names it ("method", "bits", "seed" or an override)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
 
 
 def setting(
@@ -44,7 +56,7 @@ def setting(
 
 @dataclass(frozen=True)
 class KVCacheConfig:
-    """Settings of one compressed KV cache. Invalid or irrelevant settings raise ValueError."""
+    """Settings of one compressed KV cache. Invalid or irrelevant settings raise KVConfigError."""
 
     method: str
     bits: int | None = setting(
@@ -233,13 +245,17 @@ class KVCacheConfig:
     )
 
     def __post_init__(self) -> None:
-        info = registry.get(self.method)  # raises ValueError naming valid methods
+        try:
+            info = registry.get(self.method)
+        except ValueError as err:  # names the valid methods and a near miss
+            raise KVConfigError("method", str(err)) from None
         for f in settings():
             _check_setting(f, getattr(self, f.name), self.method)
         if self.bits is None:
             object.__setattr__(self, "bits", info.default_bits)
         elif self.bits not in info.bits_choices:
-            raise ValueError(
+            raise KVConfigError(
+                "bits",
                 f"bits={self.bits} is not valid for method {self.method}; "
                 f"choose one of {list(info.bits_choices)}"
             )
@@ -256,19 +272,23 @@ class KVCacheConfig:
         """Every field, defaults included (the effective configuration)."""
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
+    def applied(self) -> dict[str, Any]:
+        """`method` and the settings that apply to it: what a worker echoes in its READY line."""
+        return {"method": self.method, **{name: getattr(self, name) for name in fields_for(self.method)}}
+
     def overrides(self) -> dict[str, Any]:
-        """Fields that differ from their defaults, besides method, bits and seed."""
+        """Fields that differ from their defaults, besides method and the OWN_KEYS."""
         return {
             f.name: getattr(self, f.name)
             for f in settings()
-            if f.name not in ("bits", "seed") and getattr(self, f.name) != f.default
+            if f.name not in OWN_KEYS and getattr(self, f.name) != f.default
         }
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> KVCacheConfig:
-        """Inverse of to_dict; unknown keys raise ValueError with a suggestion."""
+        """Inverse of to_dict; unknown keys raise KVConfigError with a suggestion."""
         if "method" not in data:
-            raise ValueError("missing field 'method'")
+            raise KVConfigError("method", "missing field 'method'")
         for key in data:
             if key != "method":
                 field_named(key)
@@ -281,11 +301,11 @@ def settings() -> tuple[dataclasses.Field, ...]:
 
 
 def field_named(name: str) -> dataclasses.Field:
-    """The field called `name`; ValueError with a did-you-mean otherwise."""
+    """The field called `name`; KVConfigError with a did-you-mean otherwise."""
     for f in settings():
         if f.name == name:
             return f
-    raise ValueError(f"unknown field '{name}'{did_you_mean(name, [f.name for f in settings()])}")
+    raise KVConfigError(name, f"unknown field '{name}'{did_you_mean(name, [f.name for f in settings()])}")
 
 
 def fields_for(method: str) -> tuple[str, ...]:
@@ -295,17 +315,12 @@ def fields_for(method: str) -> tuple[str, ...]:
 
 def override_fields_for(method: str) -> tuple[str, ...]:
     """Fields that go in a YAML entry's `overrides` (those with their own key excluded)."""
-    return tuple(n for n in fields_for(method) if n not in ("bits", "seed"))
+    return tuple(n for n in fields_for(method) if n not in OWN_KEYS)
 
 
 def owners(name: str) -> tuple[str, ...]:
     """Methods a field applies to."""
     return tuple(field_named(name).metadata["methods"])
-
-
-def did_you_mean(word: str, candidates: list[str]) -> str:
-    close = difflib.get_close_matches(word, candidates, n=1, cutoff=0.6)
-    return f"; did you mean '{close[0]}'?" if close else ""
 
 
 def parse_value(name: str, text: str) -> Any:
@@ -320,11 +335,11 @@ def parse_value(name: str, text: str) -> Any:
             return True
         if lowered in ("0", "false", "no", "off"):
             return False
-        raise ValueError(f"{name} must be true or false, not '{text}'")
+        raise KVConfigError(name, f"{name} must be true or false, not '{text}'")
     try:
         return kind(text)
     except ValueError:
-        raise ValueError(f"{name} must be {kind.__name__}, not '{text}'") from None
+        raise KVConfigError(name, f"{name} must be {kind.__name__}, not '{text}'") from None
 
 
 def _check_setting(f: dataclasses.Field, value: Any, method: str) -> None:
@@ -334,46 +349,49 @@ def _check_setting(f: dataclasses.Field, value: Any, method: str) -> None:
     kind = meta["kind"]
     # bool is a subclass of int: reject it for int fields, and accept nothing else for bools.
     if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-        raise ValueError(f"{f.name} must be {kind.__name__}, not {type(value).__name__} {value!r}")
+        raise KVConfigError(f.name, f"{f.name} must be {kind.__name__}, not {type(value).__name__} {value!r}")
     if method not in meta["methods"] and value != f.default:
         owners_text = ", ".join(meta["methods"]) or "no method"
-        raise ValueError(
-            f"{f.name} applies to method {owners_text}, not {method}"
-        )
+        raise KVConfigError(f.name, f"{f.name} applies to method {owners_text}, not {method}")
     if meta["choices"] is not None and value not in meta["choices"]:
-        raise ValueError(f"{f.name}={value!r} for method {method}: choose one of {list(meta['choices'])}")
+        raise KVConfigError(f.name, f"{f.name}={value!r} for method {method}: choose one of {list(meta['choices'])}")
     if meta["minimum"] is not None and value < meta["minimum"]:
-        raise ValueError(f"{f.name}={value!r} for method {method}: must be >= {meta['minimum']}")
+        raise KVConfigError(f.name, f"{f.name}={value!r} for method {method}: must be >= {meta['minimum']}")
     if meta["maximum"] is not None and value > meta["maximum"]:
-        raise ValueError(f"{f.name}={value!r} for method {method}: must be <= {meta['maximum']}")
+        raise KVConfigError(f.name, f"{f.name}={value!r} for method {method}: must be <= {meta['maximum']}")
 
 
 def _check_cross_fields(c: KVCacheConfig) -> None:
     """Rules that involve two fields of the same method."""
     if c.method == "kivi" and c.kivi_residual_length % c.kivi_group_size:
-        raise ValueError(
+        raise KVConfigError(
+            "kivi_residual_length",
             f"kivi_residual_length={c.kivi_residual_length} for method kivi: "
             f"must be a multiple of kivi_group_size={c.kivi_group_size}"
         )
     if c.method == "qjl" and c.qjl_sketch_dim % 32:
-        raise ValueError(f"qjl_sketch_dim={c.qjl_sketch_dim} for method qjl: must be a multiple of 32")
+        raise KVConfigError("qjl_sketch_dim", f"qjl_sketch_dim={c.qjl_sketch_dim} for method qjl: must be a multiple of 32")
     if c.method in TURBOQUANT and c.turboquant_outlier_channels % 32:
-        raise ValueError(
+        raise KVConfigError(
+            "turboquant_outlier_channels",
             f"turboquant_outlier_channels={c.turboquant_outlier_channels} for method {c.method}: "
             "must be a multiple of 32"
         )
     if c.method == "snapkv":
         if c.snapkv_window > c.snapkv_budget:
-            raise ValueError(
+            raise KVConfigError(
+                "snapkv_window",
                 f"snapkv_window={c.snapkv_window} for method snapkv: must not exceed snapkv_budget={c.snapkv_budget}"
             )
         if c.snapkv_kernel % 2 == 0:
-            raise ValueError(f"snapkv_kernel={c.snapkv_kernel} for method snapkv: must be odd")
+            raise KVConfigError("snapkv_kernel", f"snapkv_kernel={c.snapkv_kernel} for method snapkv: must be odd")
     if c.method == "knorm" and c.knorm_window >= c.knorm_budget:
-        raise ValueError(
+        raise KVConfigError(
+            "knorm_window",
             f"knorm_window={c.knorm_window} for method knorm: must be below knorm_budget={c.knorm_budget}"
         )
     if c.method == "h2o" and c.h2o_window >= c.h2o_budget:
-        raise ValueError(
+        raise KVConfigError(
+            "h2o_window",
             f"h2o_window={c.h2o_window} for method h2o: must be below h2o_budget={c.h2o_budget}"
         )

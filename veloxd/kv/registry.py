@@ -4,14 +4,16 @@ Drives the YAML schema, `veloxd methods`, CLI help, the READY line and the docs 
 Every method listed here is servable end to end; there is no "crash tier". The flags are
 honest: `storage` says what is really resident, `batchable` whether mlx_lm's batched path
 keeps the compressed class, `trimmable` whether prefix reuse can trim it.
-This module imports no mlx.
+This module imports no mlx, nor veloxd.kv.config (which imports it): the fields of a method
+are `veloxd.kv.config.fields_for(name)`.
 """
 
 from __future__ import annotations
 
-import difflib
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
+
+from veloxd.checks import did_you_mean
 
 Family = Literal["baseline", "quantization", "eviction"]
 Storage = Literal["fp16", "packed", "evicted"]
@@ -33,17 +35,9 @@ class MethodInfo:
     deviations: str = ""
     servable: bool = True
 
-    @property
-    def fields(self) -> tuple[str, ...]:
-        """KVCacheConfig fields that apply to this method (derived from the field metadata)."""
-        from veloxd.kv.config import fields_for  # config imports this module
-
-        return fields_for(self.name)
-
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["bits_choices"] = list(self.bits_choices)
-        data["fields"] = list(self.fields)
         del data["impl"]
         return data
 
@@ -193,9 +187,7 @@ def get(name: str) -> MethodInfo:
     """The method called `name`; ValueError naming the valid ones (and a near miss) otherwise."""
     info = _BY_NAME.get(name)
     if info is None or not info.servable:
-        close = difflib.get_close_matches(str(name), names(), n=1, cutoff=0.6)
-        hint = f"; did you mean '{close[0]}'?" if close else ""
-        raise ValueError(f"unknown method '{name}'{hint} (valid: {', '.join(names())})")
+        raise ValueError(f"unknown method '{name}'{did_you_mean(name, names())} (valid: {', '.join(names())})")
     return info
 
 

@@ -3,9 +3,10 @@
 It builds the argument namespace mlx_lm's server reads, hooks `ModelProvider._load` (the model
 loads on mlx_lm's generation thread, where its arrays must live), subclasses `APIHandler`
 (bearer auth, model pinning, a /v1/models that needs no Hugging Face cache, request counters on
-GET /veloxd/stats), and runs the
-HTTP server with that handler (mlx_lm's own `run()` ignores `handler_class`).
-An mlx_lm upgrade that changes any of this breaks here and in tests/test_serve_adapter.py.
+GET /veloxd/stats, request limits),
+subclasses `ResponseGenerator` (a request whose client left, or a shutdown, stops generating),
+and runs the HTTP server with that handler (mlx_lm's own `run()` ignores `handler_class`).
+An mlx_lm upgrade that changes any of this breaks here and in tests/serve/test_serve_adapter.py.
 """
 
 from __future__ import annotations
@@ -13,15 +14,22 @@ from __future__ import annotations
 import argparse
 import copy
 import hmac
+import io
 import json
+import logging
+import threading
 from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 from pathlib import Path
-from typing import Any
+from queue import Empty
+from types import SimpleNamespace
+from typing import Any, cast
 
 import mlx_lm
 from mlx_lm import server as mlx_server
 
+from veloxd.serve.bounds import BodyRefused, ClientGone, PromptTooLong, RequestCancelled, RequestWatch, read_body
+from veloxd.serve.limits import RequestLimits, context_length
 from veloxd.serve.stats import STATS_PATH, RequestStats, RequestTimer
 
 TESTED_RANGE = ((0, 32, 2), (0, 33, 0))
@@ -82,9 +90,16 @@ class PinnedProvider(mlx_server.ModelProvider):
     """
 
     def __init__(
-        self, cli_args: argparse.Namespace, aliases: set[str], on_loaded: Callable[[Any, Any], bool]
+        self,
+        cli_args: argparse.Namespace,
+        aliases: set[str],
+        on_loaded: Callable[[Any, Any], bool],
+        limits: RequestLimits | None = None,
     ) -> None:
         super().__init__(cli_args)
+        self.loaded = threading.Event()
+        self.request_limits = limits or RequestLimits()
+        self.limits = self.request_limits.resolve(None)  # resolved against the context length on load
         for alias in aliases:  # every accepted name maps to the one loaded model: no reload
             self._model_map[alias] = cli_args.model
             self._adapter_map[alias] = cli_args.adapter_path
@@ -94,7 +109,97 @@ class PinnedProvider(mlx_server.ModelProvider):
         if model_path != self.cli_args.model or adapter_path != self.cli_args.adapter_path or draft_model_path:
             raise ValueError(f"this server serves only {self.cli_args.model}")
         super()._load(model_path, adapter_path, None)
+        context = context_length(getattr(self.model, "args", None), getattr(self.tokenizer, "model_max_length", None))
+        self.limits = self.request_limits.resolve(context)
         self.is_batchable = self._on_loaded(self.model, self.tokenizer)
+        self.loaded.set()
+
+
+class StoppableGenerator(mlx_server.ResponseGenerator):
+    """mlx_lm's generator, plus: each request's generation stops when its `RequestWatch` is cancelled.
+
+    A handler registers its watch for the duration of a request (`watching`). While it waits for
+    tokens, `_await_response` (on the handler's thread) peeks at the client's socket and, once the
+    client has gone, stops the request's GenerationContext, which both of mlx_lm's paths (batched
+    and single) check after every prefill chunk and every token. A request cancelled before the
+    generation thread reached it is dropped in `_tokenize`, before its prefill. `_tokenize` also
+    refuses a prompt over `limits.max_prompt_tokens` (the handler counts it first, to answer 400;
+    this is the guarantee that no such prompt is ever prefilled).
+    """
+
+    def __init__(self, provider: PinnedProvider, prompt_cache: Any) -> None:
+        self.watches: dict[int, RequestWatch] = {}  # id(CompletionRequest) -> watch
+        self._local = threading.local()  # the watch of the request this handler thread serves
+        self._lock = threading.Lock()
+        super().__init__(provider, prompt_cache)
+
+    def watching(self, request: Any, watch: RequestWatch) -> _Watching:
+        return _Watching(self, request, watch)
+
+    def cancel_all(self, reason: str) -> None:
+        with self._lock:
+            watches = list(self.watches.values())
+        for watch in watches:
+            watch.cancel(reason)
+
+    def prompt_tokens(self, request: Any, chat_template_kwargs: Any) -> int:
+        """Tokens of `request`'s prompt, counted as the generation thread will (chat template included)."""
+        tokenizer = self.model_provider.tokenizer
+        args = SimpleNamespace(chat_template_kwargs=chat_template_kwargs)  # all _tokenize reads of args
+        return len(mlx_server.ResponseGenerator._tokenize(self, tokenizer, request, args)[0])
+
+    def _tokenize(self, tokenizer: Any, request: Any, args: Any) -> Any:
+        watch = self.watches.get(id(request))
+        if watch is not None and watch.reason is not None:
+            raise RequestCancelled(watch.reason)  # reaches the handler as this request's answer
+        tokenized = super()._tokenize(tokenizer, request, args)
+        limit = cast(PinnedProvider, self.model_provider).limits.max_prompt_tokens
+        if limit is not None and len(tokenized[0]) > limit:
+            raise PromptTooLong(len(tokenized[0]), limit)
+        return tokenized
+
+    def _await_response(self, response_queue: Any) -> Any:
+        watch: RequestWatch | None = getattr(self._local, "watch", None)
+        if watch is None:
+            return super()._await_response(response_queue)
+        while True:
+            if watch.reason is None and watch.client_gone():
+                watch.cancel("client_disconnected")
+            if watch.reason is not None and watch.ctx is not None:
+                raise RequestCancelled(watch.reason)
+            try:
+                item = response_queue.get(timeout=0.1)
+            except Empty:
+                if not self.generation_available():
+                    raise RuntimeError("generation thread died") from None
+                continue
+            if isinstance(item, mlx_server.GenerationContext):
+                watch.ctx = item
+                if watch.reason is not None:
+                    item.stop()
+            elif isinstance(item, mlx_server.Response):
+                watch.tokens += 1
+            return item
+
+
+class _Watching:
+    """Registers a request's watch with the generator for a `with` block."""
+
+    def __init__(self, generator: StoppableGenerator, request: Any, watch: RequestWatch) -> None:
+        self._generator, self._key, self._watch = generator, id(request), watch
+
+    def __enter__(self) -> RequestWatch:
+        with self._generator._lock:
+            self._generator.watches[self._key] = self._watch
+        self._generator._local.watch = self._watch
+        return self._watch
+
+    def __exit__(self, *exc: object) -> None:
+        self._generator._local.watch = None
+        with self._generator._lock:
+            self._generator.watches.pop(self._key, None)
+        if self._watch.ctx is not None:
+            self._watch.ctx.stop()  # whatever ended the request, its generation ends too
 
 
 class CountingGenerator:
@@ -114,11 +219,14 @@ class CountingGenerator:
 
 
 def handler_class(model_id: str, accepted_names: set[str], api_key: str | None,
-                  stats: RequestStats | None = None) -> type:
-    """APIHandler with bearer auth, model pinning, a self-contained /v1/models and request counters."""
+                  stats: RequestStats | None = None, limits: RequestLimits | None = None) -> type:
+    """APIHandler with bearer auth, model pinning, a self-contained /v1/models, request counters and limits."""
     counters = stats if stats is not None else RequestStats()
+    bounds = limits or RequestLimits()
 
     class VeloxHandler(mlx_server.APIHandler):
+        timeout = bounds.body_timeout_s  # per socket read while the request line and headers arrive
+
         def __init__(self, response_generator: Any, *args: Any, **kwargs: Any) -> None:
             self._shared_generator = response_generator
             self._status = 0
@@ -127,7 +235,6 @@ def handler_class(model_id: str, accepted_names: set[str], api_key: str | None,
         def send_response(self, code: int, message: str | None = None) -> None:
             self._status = code
             super().send_response(code, message)
-
         def _authorized(self) -> bool:
             if api_key is None or self.path == "/health":
                 return True
@@ -169,9 +276,32 @@ def handler_class(model_id: str, accepted_names: set[str], api_key: str | None,
             self.response_generator = CountingGenerator(self._shared_generator, timer)  # type: ignore[assignment]
             try:
                 if self._authorized():
-                    super().do_POST()
+                    self._post()
             finally:
                 timer.finish(self._status or 500)  # no response sent: the handler failed
+
+        def _post(self) -> None:
+            """The body within its limits, then mlx_lm's do_POST reading it from memory."""
+            try:
+                body = read_body(self.rfile, self.connection, self.headers.get("Content-Length"),
+                                 max_bytes=bounds.max_body_bytes, timeout_s=bounds.body_timeout_s,
+                                 idle_timeout_s=self.timeout)
+            except BodyRefused as refused:
+                logging.warning("request_refused reason=%s status=%d", refused.code, refused.status)
+                self.close_connection = True
+                self._send_error(refused.status, refused.message, refused.code)
+                return
+            except (ClientGone, OSError):
+                self.close_connection = True
+                return
+            if body is None:  # no usable Content-Length: mlx_lm answers 411 or 400
+                super().do_POST()
+                return
+            socket_file, self.rfile = self.rfile, io.BytesIO(body)
+            try:
+                super().do_POST()
+            finally:
+                self.rfile = socket_file
 
         def handle_completion(self, request: Any, stop_words: list[str]) -> None:
             if self.requested_model == "default_model":
@@ -193,7 +323,42 @@ def handler_class(model_id: str, accepted_names: set[str], api_key: str | None,
                     "model_not_found",
                 )
                 return
-            super().handle_completion(request, stop_words)
+            generator = cast(StoppableGenerator, self._shared_generator)
+            provider = cast(PinnedProvider, generator.model_provider)
+            while not provider.loaded.wait(1.0):  # a request that beat the model load waits for it
+                if not generator.generation_available():
+                    self._send_error(503, "the model failed to load", "server_error")
+                    return
+            effective = provider.limits
+            requested = cast(int, self.max_tokens)  # mlx_lm validated it (an int >= 1) before this call
+            if effective.max_tokens is not None and requested > effective.max_tokens:
+                logging.info("max_tokens_capped requested=%d limit=%d", requested, effective.max_tokens)
+                self.max_tokens = effective.max_tokens  # finish_reason "length" tells the client
+            if effective.max_prompt_tokens is not None and not self._prompt_fits(request, effective.max_prompt_tokens):
+                return
+            watch = RequestWatch(self.connection)
+            try:
+                with generator.watching(request, watch):
+                    super().handle_completion(request, stop_words)
+            except (RequestCancelled, ConnectionError) as err:
+                reason = watch.reason or ("client_disconnected" if isinstance(err, ConnectionError) else str(err))
+                self.close_connection = True
+                logging.warning("request_cancelled reason=%s completion_tokens=%d max_tokens=%d",
+                                reason, watch.tokens, self.max_tokens)
+
+        def _prompt_fits(self, request: Any, limit: int) -> bool:
+            """Count the prompt's tokens before any prefill; answer 400 naming both numbers if too long."""
+            try:
+                generator = cast(StoppableGenerator, self._shared_generator)
+                count = generator.prompt_tokens(request, self.chat_template_kwargs)
+            except Exception:  # malformed: mlx_lm reports it; the generation thread still enforces the limit
+                return True
+            if count <= limit:
+                return True
+            logging.warning("request_refused reason=prompt_too_long prompt_tokens=%d max_prompt_tokens=%d",
+                            count, limit)
+            self._send_error(400, str(PromptTooLong(count, limit)), "context_length_exceeded")
+            return False
 
         def log_message(self, format: str, *args: Any) -> None:
             pass  # request lines stay out of the daemon's log; mlx_lm logs what matters
@@ -212,7 +377,7 @@ class ServerHandle:
         self.httpd = server_class(address, self._make_handler)
         self._handler = handler
         prompt_cache = mlx_server.LRUPromptCache(provider.cli_args.prompt_cache_size)
-        self.generator = mlx_server.ResponseGenerator(provider, prompt_cache)
+        self.generator = StoppableGenerator(provider, prompt_cache)
 
     def _make_handler(self, *args: Any, **kwargs: Any) -> Any:
         fingerprint = mlx_server.get_system_fingerprint()
@@ -225,7 +390,12 @@ class ServerHandle:
         self.httpd.serve_forever(poll_interval=0.2)
 
     def close(self, join_timeout: float) -> None:
-        """After serve_forever returned: stop the generation thread (bounded wait), free the port."""
+        """After serve_forever returned: stop every request and the generation thread (bounded wait), free the port.
+
+        A prefill chunk or a decode step in progress finishes first; if that takes longer than
+        `join_timeout`, the caller leaves anyway (the process exits, the thread with it).
+        """
+        self.generator.cancel_all("shutdown")
         self.generator._stop = True  # upstream's stop flag; stop_and_join would wait unbounded
         self.generator._generation_thread.join(join_timeout)
         self.httpd.server_close()

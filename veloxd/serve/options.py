@@ -7,19 +7,16 @@ the model loads). No mlx import.
 from __future__ import annotations
 
 import os
-import re
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from veloxd import protocol
+from veloxd.checks import SIZE_HELP, host_problem, is_loopback, parse_size, resolve_model
 from veloxd.kv import registry
-from veloxd.kv.config import KVCacheConfig, field_named, fields_for, parse_value
-
-OWN_FLAGS = {"method": "--method", "bits": "--bits", "seed": "--seed"}
-HF_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*$")
-SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgGtT]?)[iI]?[bB]?\s*$")
-LOOPBACK = {"127.0.0.1", "localhost", "::1"}
+from veloxd.kv.config import OWN_KEYS, KVCacheConfig, KVConfigError, field_named, fields_for, parse_value
+from veloxd.serve.limits import RequestLimits
 
 
 class UsageError(ValueError):
@@ -39,6 +36,7 @@ class ServeOptions:
     prompt_cache_size: int | None = None
     prompt_cache_bytes: int | None = None
     api_key_env: str | None = None
+    limits: RequestLimits = field(default_factory=RequestLimits)
     lifeline_fd: int | None = None
     warnings: tuple[str, ...] = field(default=())
 
@@ -59,11 +57,11 @@ def parse_overrides(items: list[str], method: str) -> dict[str, Any]:
         name = name.strip()
         if not sep or not name:
             raise UsageError(f"--set {item!r}: expected FIELD=VALUE")
-        if name in OWN_FLAGS:
-            raise UsageError(f"--set {name}=...: use the {OWN_FLAGS[name]} flag instead")
+        if name == "method" or name in OWN_KEYS:
+            raise UsageError(f"--set {name}=...: use the --{name} flag instead")
         try:
             field_named(name)
-        except ValueError as err:
+        except KVConfigError as err:
             raise UsageError(f"--set {name}: {err}") from None
         if name not in fields_for(method):
             owners = ", ".join(field_named(name).metadata["methods"])
@@ -72,30 +70,60 @@ def parse_overrides(items: list[str], method: str) -> dict[str, Any]:
             raise UsageError(f"--set {name} given twice")
         try:
             overrides[name] = parse_value(name, text.strip())
-        except ValueError as err:
+        except KVConfigError as err:
             raise UsageError(f"--set {name}: {err}") from None
     return overrides
 
 
-def parse_size(text: str) -> int:
-    """'2G', '512M', '1000000' → bytes (powers of 1024 for suffixes)."""
-    match = SIZE.match(text)
-    if not match:
-        raise UsageError(f"--prompt-cache-bytes {text!r}: expected a size such as 2G, 512M or 1000000")
-    number, unit = match.groups()
-    return int(float(number) * 1024 ** " KMGT".index(unit.upper() or " "))
+def size_flag(flag: str, text: str | None) -> int | None:
+    """A size flag under veloxd's one unit rule (veloxd.checks: 2G = 2,000,000,000; 2Gi = 2**31)."""
+    if text is None:
+        return None
+    try:
+        return parse_size(int(text) if text.strip().isdigit() else text)
+    except ValueError:
+        raise UsageError(f"{flag} {text!r}: expected {SIZE_HELP}") from None
 
 
 def check_model(model: str, flag: str = "--model") -> None:
-    looks_local = model.startswith(("/", ".", "~")) or os.path.exists(os.path.expanduser(model))
-    if looks_local:
-        path = Path(model).expanduser()
-        if not path.is_dir():
-            raise UsageError(f"{flag} {model}: no such model directory")
-        if not (path / "config.json").is_file():
-            raise UsageError(f"{flag} {model}: not an MLX model directory (config.json missing)")
-    elif not HF_ID.match(model):
-        raise UsageError(f"{flag} {model!r}: not a local directory nor a Hugging Face id (owner/name)")
+    """A local model directory (relative to the cwd) or a Hugging Face id, by the config loader's rule."""
+    problem = resolve_model(model, Path.cwd()).problem
+    if problem:
+        raise UsageError(f"{flag}: {problem}")
+
+
+def kv_config(args: Any) -> KVCacheConfig:
+    """The KV settings: one JSON document (--kv-json, what the daemon passes) or the hand-written flags."""
+    if args.kv_json is not None:
+        hand_flags = [f for f, v in (("--method", args.method), ("--bits", args.bits), ("--seed", args.seed),
+                                     ("--set", args.set)) if v]
+        if hand_flags:
+            raise UsageError(f"--kv-json holds every KV setting: drop {', '.join(hand_flags)}")
+        try:
+            document = protocol.read_kv_document(args.kv_json)
+            return KVCacheConfig.from_dict(document)
+        except protocol.ProtocolError as err:
+            raise UsageError(str(err)) from None
+        except KVConfigError as err:
+            raise UsageError(f"--kv-json: {err.field}: {err.message}") from None
+    try:
+        info = registry.get(args.method or "affine")
+    except ValueError as err:
+        raise UsageError(f"--method: {err}") from None
+    overrides = parse_overrides(args.set or [], info.name)
+    common: dict[str, Any] = {}
+    if args.bits is not None:
+        if not info.bits_choices:
+            raise UsageError(f"--bits: method {info.name} has no bit width")
+        common["bits"] = args.bits
+    if args.seed is not None:
+        if "seed" not in fields_for(info.name):
+            raise UsageError(f"--seed: method {info.name} uses no random seed")
+        common["seed"] = args.seed
+    try:
+        return KVCacheConfig(method=info.name, **common, **overrides)
+    except KVConfigError as err:
+        raise UsageError(f"--method {info.name}: {err}") from None
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -115,30 +143,19 @@ def check_port_free(host: str, port: int) -> None:
 
 def build_options(args: Any) -> ServeOptions:
     """Validate parsed argparse flags; raises UsageError."""
-    try:
-        info = registry.get(args.method)
-    except ValueError as err:
-        raise UsageError(f"--method: {err}") from None
-    overrides = parse_overrides(args.set or [], info.name)
-    common: dict[str, Any] = {}
-    if args.bits is not None:
-        if not info.bits_choices:
-            raise UsageError(f"--bits: method {info.name} has no bit width")
-        common["bits"] = args.bits
-    if args.seed is not None:
-        if "seed" not in fields_for(info.name):
-            raise UsageError(f"--seed: method {info.name} uses no random seed")
-        common["seed"] = args.seed
-    try:
-        kv = KVCacheConfig(method=info.name, **common, **overrides)
-    except ValueError as err:
-        raise UsageError(f"--method {info.name}: {err}") from None
+    kv = kv_config(args)
+    info = registry.get(kv.method)
     check_model(args.model)
     if args.adapter_path and not Path(args.adapter_path).expanduser().is_dir():
         raise UsageError(f"--adapter-path {args.adapter_path}: no such directory")
+    problem = host_problem(args.host)
+    if problem:
+        raise UsageError(f"--host {problem}")
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: must be between 1 and 65535")
-    for flag, value, low in (("--max-tokens", args.max_tokens, 1), ("--prompt-cache-size", args.prompt_cache_size, 0)):
+    for flag, value, low in (("--max-tokens", args.max_tokens, 1), ("--prompt-cache-size", args.prompt_cache_size, 0),
+                             ("--limit-max-tokens", args.limit_max_tokens, 1),
+                             ("--limit-max-prompt-tokens", args.limit_max_prompt_tokens, 1)):
         if value is not None and value < low:
             raise UsageError(f"{flag} {value}: must be >= {low}")
     if args.temp is not None and args.temp < 0:
@@ -147,7 +164,15 @@ def build_options(args: Any) -> ServeOptions:
         raise UsageError(f"--top-p {args.top_p}: must be between 0 and 1")
     if args.api_key_env and not os.environ.get(args.api_key_env):
         raise UsageError(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty")
-    cache_bytes = parse_size(args.prompt_cache_bytes) if args.prompt_cache_bytes else None
+    if args.request_body_timeout <= 0:
+        raise UsageError(f"--request-body-timeout {args.request_body_timeout}: must be > 0 seconds")
+    cache_bytes = size_flag("--prompt-cache-bytes", args.prompt_cache_bytes)
+    limits = RequestLimits(
+        max_tokens=args.limit_max_tokens,
+        max_prompt_tokens=args.limit_max_prompt_tokens,
+        body_timeout_s=args.request_body_timeout,
+        max_body_bytes=size_flag("--max-body-bytes", args.max_body_bytes) or RequestLimits.max_body_bytes,
+    )
     check_port_free(args.host, args.port)
     return ServeOptions(
         model=args.model,
@@ -161,6 +186,7 @@ def build_options(args: Any) -> ServeOptions:
         prompt_cache_size=args.prompt_cache_size,
         prompt_cache_bytes=cache_bytes,
         api_key_env=args.api_key_env,
+        limits=limits,
         lifeline_fd=args.lifeline_fd,
         warnings=tuple(_warnings(args, info, cache_bytes)),
     )
@@ -168,7 +194,7 @@ def build_options(args: Any) -> ServeOptions:
 
 def _warnings(args: Any, info: registry.MethodInfo, cache_bytes: int | None) -> list[str]:
     found = []
-    if args.host not in LOOPBACK:
+    if not is_loopback(args.host):
         auth = "bearer-token auth via --api-key-env" if args.api_key_env else "NO authentication"
         found.append(f"bound to {args.host}: reachable from the network, {auth}")
     if info.trimmable != "yes":

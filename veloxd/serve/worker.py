@@ -1,8 +1,9 @@
 """The `veloxd serve` process: load on mlx_lm's generation thread, wire caches, READY, serve, stop.
 
-Exit codes: 0 clean stop (SIGTERM/SIGINT, or the daemon's lifeline closed), 2 the model cannot
-be served with this method (never fixes itself), 3 the model failed to load or the generation
-thread died (worth a restart).
+Exit codes (veloxd.protocol.ExitCode): 0 clean stop (SIGTERM/SIGINT, or the daemon's lifeline
+closed), 2 the model cannot be served with this method (never fixes itself), 3 the model failed
+to load or the generation thread died (worth a restart). A stop interrupts running requests:
+the worker is gone within about STOP_JOIN_S even in the middle of a prefill.
 """
 
 from __future__ import annotations
@@ -19,14 +20,15 @@ import traceback
 from pathlib import Path
 from typing import Any
 
+from veloxd import protocol
 from veloxd.kv.attention import check_model_config
-from veloxd.kv.config import fields_for
+from veloxd.protocol import ExitCode
 from veloxd.serve.adapter import PinnedProvider, ServerHandle, check_version, handler_class, model_names, server_args
+from veloxd.serve.limits import EffectiveLimits
 from veloxd.serve.options import ServeOptions
 from veloxd.serve.wiring import wire_caches
 
-READY_PREFIX = "VELOXD_READY "
-READY_SCHEMA_VERSION = 1
+STOP_JOIN_S = 2.0  # after a stop, wait this long for the generation thread's current step, then leave
 
 
 class Stopper:
@@ -61,19 +63,15 @@ def endpoints(host: str, port: int) -> dict[str, str]:
     }
 
 
-def method_config(kv: Any) -> dict[str, Any]:
-    """The KV settings of the chosen method only (a KIVI server's READY carries no h2o_budget)."""
-    return {"method": kv.method, **{name: getattr(kv, name) for name in fields_for(kv.method)}}
-
-
-def ready_payload(options: ServeOptions, model_id: str, wiring: Any, load_s: float) -> dict[str, Any]:
+def ready_payload(options: ServeOptions, model_id: str, wiring: Any, limits: EffectiveLimits,
+                  load_s: float) -> protocol.ReadyPayload:
     info = options.info
     return {
-        "schema_version": READY_SCHEMA_VERSION,
+        "schema_version": protocol.READY_SCHEMA_VERSION,
         "model": model_id,
         "method": options.kv.method,
         "bits": options.kv.bits,
-        "config": method_config(options.kv),  # the full config: `veloxd status --json`
+        "config": options.kv.applied(),  # the full config: `veloxd status --json`
         "host": options.host,
         "port": options.port,
         "pid": os.getpid(),
@@ -84,6 +82,7 @@ def ready_payload(options: ServeOptions, model_id: str, wiring: Any, load_s: flo
         "auth": options.api_key_env is not None,
         "endpoints": endpoints(options.host, options.port),
         "kv_bytes_per_token": wiring.kv_bytes_per_token,
+        "limits": limits.to_dict(),
         "load_s": round(load_s, 3),
     }
 
@@ -95,14 +94,14 @@ def watch_lifeline(fd: int, stopper: Stopper) -> None:
             pass
     except OSError:
         pass
-    threading.Timer(1.0, os._exit, args=(0,)).start()  # if a clean stop hangs, still leave
-    stopper.stop(0, "the daemon's lifeline closed; exiting")
+    threading.Timer(protocol.LIFELINE_GRACE_S, os._exit, args=(ExitCode.OK,)).start()  # a hung stop still leaves
+    stopper.stop(ExitCode.OK, "the daemon's lifeline closed; exiting")
 
 
 def watch_generation(handle: ServerHandle, stopper: Stopper) -> None:
     """A dead generation thread behind a live port hangs every request: exit instead."""
     handle.generator._generation_thread.join()
-    stopper.stop(3, "mlx_lm's generation thread stopped (see the error above); exiting")
+    stopper.stop(ExitCode.FAILED, "mlx_lm's generation thread stopped (see the error above); exiting")
 
 
 def precheck_architecture(options: ServeOptions) -> str | None:
@@ -122,7 +121,7 @@ def serve(options: ServeOptions) -> int:
     refused = precheck_architecture(options)
     if refused:
         print(f"veloxd serve: {refused}", file=sys.stderr)
-        return 2
+        return ExitCode.INVALID
     # Under the daemon every output line is already timestamped in its log: no second clock.
     shown = "%(levelname)s %(message)s" if options.lifeline_fd is not None else "%(asctime)s - %(levelname)s - %(message)s"
     logging.basicConfig(level=logging.INFO, format=shown)
@@ -134,13 +133,13 @@ def serve(options: ServeOptions) -> int:
         try:
             wiring = wire_caches(model, options.kv)
         except ValueError as err:
-            stopper.stop(2, f"error: cannot serve {model_id} with method {options.kv.method}: {err}")
+            stopper.stop(ExitCode.INVALID, f"error: cannot serve {model_id} with method {options.kv.method}: {err}")
             raise
         except Exception:
-            stopper.stop(3, "error: wiring the KV cache failed:\n" + traceback.format_exc())
+            stopper.stop(ExitCode.FAILED, "error: wiring the KV cache failed:\n" + traceback.format_exc())
             raise
-        payload = ready_payload(options, model_id, wiring, time.monotonic() - started)
-        print(READY_PREFIX + json.dumps(payload, sort_keys=True), flush=True)
+        payload = ready_payload(options, model_id, wiring, provider.limits, time.monotonic() - started)
+        print(protocol.format_ready(payload), flush=True)
         return wiring.batchable
 
     cli_args = server_args(
@@ -154,19 +153,20 @@ def serve(options: ServeOptions) -> int:
         prompt_cache_size=options.prompt_cache_size,
         prompt_cache_bytes=options.prompt_cache_bytes,
     )
-    provider = PinnedProvider(cli_args, names, on_loaded)
+    provider = PinnedProvider(cli_args, names, on_loaded, options.limits)
     try:
-        handle = ServerHandle(options.host, options.port, provider, handler_class(model_id, names, options.api_key))
+        handler = handler_class(model_id, names, options.api_key, limits=options.limits)
+        handle = ServerHandle(options.host, options.port, provider, handler)
     except OSError as err:
         print(f"veloxd serve: error: --port {options.port}: cannot bind {options.host}:{options.port} ({err.strerror})", file=sys.stderr)
-        return 2
+        return ExitCode.INVALID
     stopper.handle = handle
     for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stopper.stop(0))
+        signal.signal(signum, lambda *_: stopper.stop(ExitCode.OK))
     if options.lifeline_fd is not None:
         threading.Thread(target=watch_lifeline, args=(options.lifeline_fd, stopper), daemon=True).start()
     threading.Thread(target=watch_generation, args=(handle, stopper), daemon=True).start()
     if stopper.code is None:
         handle.serve_forever()
-    handle.close(join_timeout=10.0)
-    return stopper.code or 0
+    handle.close(join_timeout=STOP_JOIN_S)
+    return stopper.code or ExitCode.OK

@@ -1,0 +1,188 @@
+"""Bounded work per request, against a real `veloxd serve` on the shipped model (issue 13, fault 4).
+
+Each test reproduces one way a client could make the worker work (or wait) without bound: huge
+max_tokens, a prompt longer than the context, a client that leaves mid-generation (streamed or
+not), a body that never arrives, and a SIGTERM in the middle of a generation.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support import Worker, cpu_seconds, free_port, http_json, wait_until
+from veloxd.protocol import ExitCode
+
+pytestmark = pytest.mark.slow
+
+SHIPPED = Path(__file__).resolve().parents[2] / "veloxd" / "assets" / "tiny-llama"
+CONTEXT = json.loads((SHIPPED / "config.json").read_text())["max_position_embeddings"]
+UNBOUNDED = "10000000"  # a cap no test reaches: without the fixes these requests would run for hours
+LOAD_S = 300
+
+
+def start(*flags: str) -> Worker:
+    worker = Worker("--model", str(SHIPPED), "--method", "fp16", "--port", str(free_port()), *flags)
+    worker.ready(LOAD_S)
+    return worker
+
+
+@pytest.fixture(scope="module")
+def bounded() -> Iterator[Worker]:
+    worker = start("--limit-max-tokens", "6", "--request-body-timeout", "2")
+    yield worker
+    assert worker.stop() == ExitCode.OK
+
+
+@pytest.fixture(scope="module")
+def unbounded() -> Iterator[Worker]:
+    worker = start("--limit-max-tokens", UNBOUNDED)
+    yield worker
+    assert worker.stop() == ExitCode.OK
+
+
+def raw_request(port: int, path: str, body: dict) -> socket.socket:
+    """POST `body` on a socket the test can close whenever it likes."""
+    data = json.dumps(body).encode()
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.sendall(
+        f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(data)}\r\n\r\n".encode()
+        + data
+    )
+    return sock
+
+
+def read_all(sock: socket.socket) -> bytes:
+    """Everything the server sends until it closes the connection (the socket's timeout bounds each read)."""
+    chunks = []
+    while chunk := sock.recv(65536):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def lines_with(worker: Worker, needle: str) -> list[str]:
+    return [line for line in list(worker.stderr) if needle in line]
+
+
+def wait_idle(worker: Worker) -> None:
+    """Until the worker burns (almost) no CPU over a second: its generation really stopped.
+
+    A generating worker uses a good share of a core even on a crowded machine; an idle one wakes
+    a few times a second to poll its queue. Nothing here measures speed: it waits for a state.
+    """
+
+    def idle() -> bool:
+        before = cpu_seconds(worker.proc.pid)
+        time.sleep(1.0)
+        return cpu_seconds(worker.proc.pid) - before < 0.05
+
+    wait_until(idle, 120, interval=0.1, what="the worker to go idle")
+
+
+def test_ready_reports_the_effective_limits(bounded: Worker, unbounded: Worker) -> None:
+    limits = bounded.ready()["limits"]
+    assert limits == {
+        "max_tokens": 6,
+        "max_prompt_tokens": CONTEXT,
+        "context_length": CONTEXT,
+        "body_timeout_s": 2.0,
+        "max_body_bytes": 32 * 2**20,
+    }
+    assert unbounded.ready()["limits"]["max_tokens"] == int(UNBOUNDED)
+
+
+def test_huge_max_tokens_is_capped_to_the_limit(bounded: Worker) -> None:
+    base = bounded.ready()["endpoints"]["openai_base_url"]
+    status, reply = http_json(f"{base}/completions", {"prompt": "hello", "max_tokens": 1_000_000_000})
+    assert status == 200, reply
+    assert reply["usage"]["completion_tokens"] == 6 and reply["choices"][0]["finish_reason"] == "length"
+    assert lines_with(bounded, "max_tokens_capped requested=1000000000 limit=6")
+
+
+def test_prompt_longer_than_the_context_gets_400_naming_both_numbers(bounded: Worker) -> None:
+    base = bounded.ready()["endpoints"]["openai_base_url"]
+    prompt = "hello world " * (CONTEXT * 2)  # about 2 tokens a repeat: several times the context
+    status, reply = http_json(f"{base}/completions", {"prompt": prompt, "max_tokens": 1})
+    assert status == 400
+    message = reply["error"]["message"]
+    count = int(message.split()[2])
+    assert count > CONTEXT and f"at most {CONTEXT}" in message, message
+    assert reply["error"]["code"] == "context_length_exceeded"
+    refusal = lines_with(bounded, "request_refused reason=prompt_too_long")
+    assert refusal and f"prompt_tokens={count} max_prompt_tokens={CONTEXT}" in refusal[-1]
+    assert not lines_with(bounded, f"Prompt processing progress: {count}")  # refused before any prefill
+    status, reply = http_json(
+        f"{base}/chat/completions", {"messages": [{"role": "user", "content": prompt}], "max_tokens": 1}
+    )
+    assert status == 400 and f"at most {CONTEXT}" in reply["error"]["message"]
+
+
+def test_a_body_that_never_arrives_is_timed_out_and_closed(bounded: Worker) -> None:
+    port = bounded.ready()["port"]
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{}")
+        answer = read_all(sock)  # returns only once the server closes the connection
+    assert answer.startswith(b"HTTP/1.0 408"), answer[:200]
+    assert b"2 of 100 bytes arrived" in answer
+
+
+def test_a_huge_content_length_is_refused_before_reading(bounded: Worker) -> None:
+    port = bounded.ready()["port"]
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n{}")
+        answer = read_all(sock)
+    assert answer.startswith(b"HTTP/1.0 413"), answer[:200]
+    assert b"999999999 bytes exceeds this server's limit of 33554432 bytes" in answer
+
+
+def test_a_slow_header_sender_is_cut_off(bounded: Worker) -> None:
+    port = bounded.ready()["port"]
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
+        assert read_all(sock) == b""  # closed by the server, not by this test
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["non-streamed", "streamed"])
+def test_client_that_disconnects_stops_the_generation(unbounded: Worker, stream: bool) -> None:
+    ready = unbounded.ready()
+    before = len(lines_with(unbounded, "request_cancelled"))
+    sock = raw_request(
+        ready["port"], "/v1/completions", {"prompt": "once upon a time", "max_tokens": 1_000_000_000, "stream": stream}
+    )
+    if stream:
+        wait_until(lambda: sock.recv(65536).count(b"data: ") > 0, 120, what="streamed tokens")
+    else:
+        wait_until(lambda: lines_with(unbounded, "Prompt processing progress"), 120, what="generation to start")
+    sock.close()
+    cancelled = wait_until(
+        lambda: lines_with(unbounded, "request_cancelled")[before:], 120, what="the worker to notice the client left"
+    )
+    assert "reason=client_disconnected" in cancelled[0]
+    tokens = int(cancelled[0].split("completion_tokens=")[1].split()[0])
+    assert tokens < int(UNBOUNDED)
+    wait_idle(unbounded)  # the generation thread stopped, not only the handler
+    status, reply = http_json(
+        f"{ready['endpoints']['openai_base_url']}/completions", {"prompt": "hello", "max_tokens": 3}
+    )
+    assert status == 200 and reply["usage"]["completion_tokens"] == 3
+
+
+def test_sigterm_mid_generation_exits_promptly() -> None:
+    worker = start("--limit-max-tokens", UNBOUNDED)
+    try:
+        sock = raw_request(
+            worker.ready()["port"], "/v1/completions", {"prompt": "once upon a time", "max_tokens": 1_000_000_000}
+        )
+        wait_until(lambda: lines_with(worker, "Prompt processing progress"), 120, what="generation to start")
+        worker.proc.send_signal(signal.SIGTERM)
+        assert worker.proc.wait(120) == ExitCode.OK
+        sock.close()
+    finally:
+        worker.stop()

@@ -1,0 +1,141 @@
+"""What the daemon and its workers (and later the gateway) agree on. Stdlib only.
+
+The contract, in one place:
+- **Command line.** The daemon runs `veloxd serve --model M --kv-json DOC ... --lifeline-fd N`.
+  DOC is one JSON object, `KVCacheConfig.to_dict()` (every KV-cache setting, defaults included),
+  or the path of a file holding it. The daemon never writes `--set` text; `--set FIELD=VALUE`
+  is for people running a worker by hand.
+- **Environment.** The daemon adds `WORKER_ENV` to the entry's `env`: unbuffered output, so the
+  READY line is not held back in a pipe buffer.
+- **Lifeline.** fd N is the read end of a pipe whose only write end the daemon holds. EOF on it
+  means the daemon died (even by SIGKILL): the worker exits 0 within `LIFELINE_GRACE_S`.
+- **READY line.** Once the model is loaded and its caches wired, and before serving, the worker
+  prints one stdout line `READY_PREFIX + json` (`ReadyPayload`). The daemon refuses a worker whose
+  READY line is malformed or whose `config` differs from the document it was given.
+- **Exit codes** (`ExitCode`): 0 a clean stop, 2 invalid input (retrying cannot help), 3 a failure
+  worth a restart.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from pathlib import Path
+from typing import Any, TypedDict
+
+READY_PREFIX = "VELOXD_READY "
+READY_SCHEMA_VERSION = 1
+KV_JSON_FLAG = "--kv-json"
+LIFELINE_FLAG = "--lifeline-fd"
+LIFELINE_GRACE_S = 1.0  # after EOF on the lifeline, the worker is gone within this
+WORKER_ENV = {"PYTHONUNBUFFERED": "1"}
+
+
+class ExitCode(enum.IntEnum):
+    """How a worker ends; the daemon decides restart or FATAL from it."""
+
+    OK = 0  # stopped on SIGTERM/SIGINT, or the lifeline closed
+    INVALID = 2  # bad flags, port in use, a model the method cannot serve: never fixes itself
+    FAILED = 3  # the model failed to load or the generation thread died: worth a restart
+
+
+class ProtocolError(ValueError):
+    """A line or document that does not follow this contract; the message says how."""
+
+
+class ReadyPayload(TypedDict, total=False):
+    """The JSON of the READY line (schema_version 1). `config` is the effective KVCacheConfig.to_dict()."""
+
+    schema_version: int
+    model: str  # the id /v1/models reports (an absolute path for a local model)
+    method: str
+    bits: int | None
+    config: dict[str, Any]
+    host: str
+    port: int
+    pid: int
+    layer_caches: dict[str, int]  # cache class name -> number of layers using it
+    batchable: bool
+    trimmable: str
+    storage: str
+    auth: bool  # bearer token required
+    endpoints: dict[str, str]
+    kv_bytes_per_token: dict[str, Any]
+    limits: dict[str, Any]  # the effective per-request limits (context length resolved)
+    load_s: float
+
+
+REQUIRED_READY_KEYS = ("schema_version", "model", "method", "config", "host", "port", "pid")
+
+
+# ---- READY line ---------------------------------------------------------------------------
+def format_ready(payload: ReadyPayload) -> str:
+    """The READY line (without newline): prefix, then compact sorted JSON on one line."""
+    return READY_PREFIX + json.dumps(payload, sort_keys=True)
+
+
+def is_ready_line(line: str) -> bool:
+    return line.startswith(READY_PREFIX)
+
+
+def parse_ready(line: str) -> ReadyPayload:
+    """The payload of a READY line; ProtocolError naming what is wrong otherwise."""
+    if not is_ready_line(line):
+        raise ProtocolError(f"not a READY line (expected the prefix {READY_PREFIX!r})")
+    try:
+        payload = json.loads(line[len(READY_PREFIX) :])
+    except json.JSONDecodeError as err:
+        raise ProtocolError(f"READY line is not JSON: {err}") from None
+    if not isinstance(payload, dict):
+        raise ProtocolError("READY line is not a JSON object")
+    missing = [k for k in REQUIRED_READY_KEYS if k not in payload]
+    if missing:
+        raise ProtocolError(f"READY line lacks {', '.join(missing)}")
+    if payload["schema_version"] != READY_SCHEMA_VERSION:
+        raise ProtocolError(
+            f"READY schema_version {payload['schema_version']!r}; this veloxd reads {READY_SCHEMA_VERSION}"
+        )
+    return payload  # type: ignore[return-value]
+
+
+def config_mismatch(asked: dict[str, Any], echoed: Any) -> str | None:
+    """Why the worker's echoed KV config differs from the one it was given, or None if it matches."""
+    if not isinstance(echoed, dict):
+        return "the READY line has no config object"
+    diffs = [  # every setting asked for must be echoed as asked; settings of other methods may be left out
+        f"{key}: asked {asked[key]!r}, got {echoed.get(key)!r}"
+        for key in sorted(asked)
+        if echoed.get(key, _MISSING) != asked[key]
+    ]
+    if not diffs:
+        return None
+    shown = "; ".join(diffs[:3]) + (f"; and {len(diffs) - 3} more" if len(diffs) > 3 else "")
+    return f"the worker runs a different KV config than asked ({shown})"
+
+
+_MISSING = object()
+
+
+# ---- the KV document (--kv-json) ----------------------------------------------------------
+def kv_document(config: dict[str, Any]) -> str:
+    """`KVCacheConfig.to_dict()` as the one-line JSON text passed with --kv-json."""
+    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+
+
+def read_kv_document(text: str) -> dict[str, Any]:
+    """The JSON object given with --kv-json: inline (starts with '{' or '[') or the path of a file holding it."""
+    source = "--kv-json"
+    if not text.lstrip().startswith(("{", "[")):
+        path = Path(text).expanduser()
+        try:
+            text = path.read_text()
+        except OSError as err:
+            raise ProtocolError(f"--kv-json {path}: cannot read ({err.strerror or err})") from None
+        source = f"--kv-json {path}"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise ProtocolError(f"{source}: not JSON ({err})") from None
+    if not isinstance(data, dict):
+        raise ProtocolError(f"{source}: expected a JSON object of KV-cache settings, not {type(data).__name__}")
+    return data
