@@ -65,7 +65,9 @@ class ReadyPayload(TypedDict, total=False):
     load_s: float
 
 
-REQUIRED_READY_KEYS = ("schema_version", "model", "method", "config", "host", "port", "pid")
+# Every process the daemon supervises (model workers, the dashboard sidecar) sends these; a model
+# worker also sends model, method and config, which the daemon checks against its entry.
+REQUIRED_READY_KEYS = ("schema_version", "host", "port", "pid")
 
 
 # ---- READY line ---------------------------------------------------------------------------

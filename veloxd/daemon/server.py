@@ -172,7 +172,9 @@ class ServerProcess:
     def on_ready_line(self, spawn_id: int, payload: dict[str, Any], problem: str | None = None) -> None:
         if spawn_id != self.spawn_id or self.state is not S.STARTING:
             return
-        problem = problem or protocol.config_mismatch(self.entry.kv.applied(), payload.get("config"))
+        kv = getattr(self.entry, "kv", None)  # a model worker's entry (the dashboard sidecar has none)
+        if problem is None and kv is not None:
+            problem = protocol.config_mismatch(kv.applied(), payload.get("config"))
         if problem is not None and self.child is not None:
             # A worker running other settings than asked (or speaking another protocol) is not
             # this entry's server: stop it; its exit becomes a FATAL failure naming the problem.

@@ -18,10 +18,10 @@ from pathlib import Path
 
 from aiohttp import web
 
+from veloxd.protocol import READY_PREFIX
 from veloxd.web.app import add_routes
 from veloxd.web.monitor import DaemonClient, Monitor
 
-READY_PREFIX = "VELOXD_READY "
 EXIT_GRACE_S = 3.0
 
 
