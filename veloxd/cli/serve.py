@@ -34,6 +34,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-cache-bytes", help="byte bound of the prompt caches, e.g. 2G (batched path only)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="a KVCacheConfig field (repeatable)")
     p.add_argument("--api-key-env", metavar="VAR", help="require 'Authorization: Bearer $VAR' on every request but /health")
+    p.add_argument("--distributed", choices=("tensor", "pipeline"),
+                   help="serve one rank of a sharded model; run under mlx.launch (veloxd starts it for a "
+                   "`distributed:` entry): rank 0 serves HTTP, the others follow it")
     p.add_argument("--lifeline-fd", type=int, help=argparse.SUPPRESS)  # the daemon's pipe: EOF means it died
     p.set_defaults(func=run)
 

@@ -47,6 +47,10 @@ def check_entry(name: str, raw: dict[str, Any], base_dir: Path,
             parse_size(size)
         except ValueError as err:
             report(("prompt_cache", "bytes"), f"prompt_cache.bytes: {err}")
+    if data.get("distributed") is not None and not bad_keys & {"distributed", "model", "adapter_path"}:
+        from veloxd.distributed.checks import check_distributed
+
+        check_distributed(data, base_dir, report)
     if problems or bad_keys:
         return None, problems
     try:

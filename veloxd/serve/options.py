@@ -40,6 +40,7 @@ class ServeOptions:
     prompt_cache_bytes: int | None = None
     api_key_env: str | None = None
     lifeline_fd: int | None = None
+    distributed: str | None = None  # "tensor" | "pipeline": one rank of a group started by mlx.launch
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -148,7 +149,9 @@ def build_options(args: Any) -> ServeOptions:
     if args.api_key_env and not os.environ.get(args.api_key_env):
         raise UsageError(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty")
     cache_bytes = parse_size(args.prompt_cache_bytes) if args.prompt_cache_bytes else None
-    check_port_free(args.host, args.port)
+    distributed = getattr(args, "distributed", None)
+    if distributed is None or os.environ.get("MLX_RANK", "0") == "0":  # only rank 0 binds the port
+        check_port_free(args.host, args.port)
     return ServeOptions(
         model=args.model,
         kv=kv,
@@ -162,6 +165,7 @@ def build_options(args: Any) -> ServeOptions:
         prompt_cache_bytes=cache_bytes,
         api_key_env=args.api_key_env,
         lifeline_fd=args.lifeline_fd,
+        distributed=distributed,
         warnings=tuple(_warnings(args, info, cache_bytes)),
     )
 

@@ -36,12 +36,14 @@ class Stopper:
         self.code: int | None = None
         self._lock = threading.Lock()
         self.handle: ServerHandle | None = None
+        self.stopped = threading.Event()  # set once a stop is asked for (a follower rank waits on it)
 
     def stop(self, code: int, message: str | None = None) -> None:
         with self._lock:
             if self.code is not None:
                 return
             self.code = code
+        self.stopped.set()
         if message:
             with contextlib.suppress(OSError):  # the daemon died and nobody reads stderr (EPIPE): still stop
                 print(f"veloxd serve: {message}", file=sys.stderr, flush=True)
@@ -118,6 +120,10 @@ def precheck_architecture(options: ServeOptions) -> str | None:
 
 
 def serve(options: ServeOptions) -> int:
+    if options.distributed is not None:
+        from veloxd.serve.distributed import serve_rank
+
+        return serve_rank(options)
     check_version()
     refused = precheck_architecture(options)
     if refused:
