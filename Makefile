@@ -12,7 +12,7 @@ BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
 # The dashboard's browser tests drive Debian's chromium through Playwright (no browser download).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test test-fast lint browser bench bench-quick bench-kv bench-daemon schema clean
+.PHONY: run test test-fast lint browser bench bench-quick bench-kv bench-daemon bench-distributed schema clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -74,6 +74,9 @@ bench-kv: $(BENCH_STAMP)
 
 bench-daemon: $(STAMP)
 	$(PY) -m benchmarks.daemon
+
+bench-distributed: $(STAMP)
+	$(BLAS_ENV) $(PY) -m benchmarks.distributed
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tests.support import REPO, READY_PREFIX, free_port, wait_until
+from tests.support import READY_PREFIX, REPO, free_port, wait_until
 
 LOAD_S = 240  # two or more model loads on two busy CPU cores
 ASSET_MODEL = REPO / "veloxd" / "assets" / "tiny-llama"  # 4 query / 2 KV heads: splits over 2 ranks
