@@ -55,6 +55,8 @@ def test_a_local_pair_is_valid_and_round_trips_through_the_state_file(tmp_path: 
     ("  hosts: [127.0.0.1, 127.0.0.1, 127.0.0.1]\n", "$.servers.coder.distributed.hosts", "does not divide by 3"),
     ("  hosts: [127.0.0.1, 127.0.0.1]\n  parallelism: pipeline\n", "$.servers.coder.distributed.hosts",
      "model.safetensors.index.json"),
+    ("  hosts: [127.0.0.1, 127.0.0.1]\n  parallelism: pipeline\n", "$.servers.coder.distributed.parallelism",
+     "serves only method fp16"),
     ("  hosts: [127.0.0.1, 127.0.0.1]\n  python: venv/bin/python\n", "$.servers.coder.distributed.python",
      "absolute path"),
     ("  hosts: [127.0.0.1, 127.0.0.1]\n  hostfile: hosts.json\n", "$.servers.coder.distributed", "exactly one"),

@@ -17,6 +17,9 @@ from veloxd.distributed.hostfile import Rank, parse_hostfile, ranks_from_hosts
 
 LOCAL = "127.0.0.1"  # the one name MLX's launcher starts without ssh
 Report = Callable[[tuple, str], None]
+PIPELINE_NEEDS_FP16 = ("pipeline parallelism serves only method fp16: mlx_lm 0.32 chains each pipeline stage's "
+                       "send to its last layer's fp16 cache (`cache.keys`), which a compressed cache does not "
+                       "expose; use parallelism: tensor for a compressed cache")
 
 
 def is_this_machine(address: str) -> bool:
@@ -72,6 +75,8 @@ def check_distributed(data: dict[str, Any], base_dir: Path, report: Report) -> N
         value = block.get(name)
         if value is not None and not value.startswith("/"):
             report(where + (name,), f"distributed.{name} must be an absolute path (it names a path on every host)")
+    if block.get("parallelism") == "pipeline" and data.get("method", "fp16") != "fp16":
+        report(where + ("parallelism",), PIPELINE_NEEDS_FP16)
     if data.get("adapter_path") is not None:
         report(where, "mlx_lm loads no LoRA adapter on a sharded model: remove adapter_path or distributed")
     _check_model_shards(str(data.get("model", "")), len(ranks), block.get("parallelism", "tensor"), at, report)

@@ -24,6 +24,7 @@ from typing import Any
 
 import mlx.core as mx
 
+from veloxd.distributed.checks import PIPELINE_NEEDS_FP16
 from veloxd.serve.adapter import (
     PinnedProvider,
     ServerHandle,
@@ -53,6 +54,8 @@ def precheck_sharding(options: ServeOptions) -> str | None:
     module = sys.modules[model_class.__module__]
     if options.distributed == "tensor" and not hasattr(model_class, "shard"):
         return f"model type of {options.model} has no tensor-parallel sharding in mlx_lm; use parallelism: pipeline"
+    if options.distributed == "pipeline" and options.kv.method != "fp16":
+        return "error: --distributed pipeline: " + PIPELINE_NEEDS_FP16
     if options.distributed == "pipeline" and not any(
         isinstance(c, type) and issubclass(c, PipelineMixin) for c in vars(module).values()
     ):
