@@ -8,6 +8,7 @@ measured KV bytes must be about half of the single process's (it holds half the 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 
@@ -92,5 +93,34 @@ def test_group_streams_chat_and_batches_concurrent_requests_in_lockstep() -> Non
         assert sorted(answers) == [0, 1, 2] and all(a.strip() for a in answers.values())
         again = client.completions.create(model=ready["model"], prompt=PROMPTS[0], max_tokens=16, temperature=0)
         assert again.choices[0].text == first.choices[0].text
+    finally:
+        assert group.stop() == 0
+
+
+@pytest.fixture(scope="module")
+def pipeline_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    from testkit.tinypipeline import write_tiny_pipeline_model
+
+    return write_tiny_pipeline_model(tmp_path_factory.mktemp("models") / "tiny-qwen2")
+
+
+@pytest.mark.slow
+def test_pipeline_group_answers_like_one_process_with_half_the_layers_per_rank(pipeline_model: Path) -> None:
+    """Pipeline parallelism (fp16: see docs/distributed.md): each rank holds 2 of the 4 layers and their KV."""
+    args = ["--method", "fp16", "--model", str(pipeline_model)]
+    single = Worker(*args, "--port", str(port := free_port()))
+    try:
+        alone = single.ready(timeout=240)
+        expected = completions(f"http://127.0.0.1:{port}/v1", alone["model"])
+    finally:
+        single.stop()
+    group = Group(*args, "--port", str(free_port()), parallelism="pipeline")
+    try:
+        ready = group.ready()
+        assert completions(ready["endpoints"]["openai_base_url"], ready["model"]) == expected
+        for rank in ready["distributed"]["ranks"]:
+            assert rank["layer_caches"] == 2
+            half = alone["kv_bytes_per_token"]["fp16"] / 2
+            assert abs(rank["kv_bytes_per_token"]["fp16"] - half) <= 0.05 * half, (rank, alone)
     finally:
         assert group.stop() == 0

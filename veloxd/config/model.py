@@ -90,8 +90,8 @@ class Distributed:
                        "(RDMA over Thunderbolt 5; needs a hostfile with RDMA devices).",
                        schema={"type": "string", "enum": ["ring", "jaccl"]})
     parallelism: str = key("tensor", help="tensor: every rank holds a share of every layer's heads; pipeline: "
-                           "every rank holds a run of layers (models with pipeline support and a sharded "
-                           "checkpoint index only).", schema={"type": "string", "enum": ["tensor", "pipeline"]})
+                           "every rank holds a run of layers (method fp16, models with pipeline support and a "
+                           "sharded checkpoint index only).", schema={"type": "string", "enum": ["tensor", "pipeline"]})
     port: int = key(32323, help="First TCP port of the ranks' own connections (ring: rank r listens on port + r; "
                     "jaccl: the coordinator's port); distinct per distributed server.",
                     schema={"type": "integer", "minimum": 1024, "maximum": 65000})
