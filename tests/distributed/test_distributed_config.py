@@ -118,3 +118,24 @@ def test_rank_tags_round_trip() -> None:
     assert split_rank(tag(1, "VELOXD_READY {}")) == (1, "VELOXD_READY {}")
     assert split_rank(tag(12, "")) == (12, "")
     assert split_rank("veloxd launcher: rank 1 exited") == (None, "veloxd launcher: rank 1 exited")
+
+
+def test_ranks_ports_must_not_overlap_other_entries(tmp_path: Path) -> None:
+    heads_model(tmp_path)
+    path = write_config(tmp_path, """\
+        version: 1
+        servers:
+          a: {model: ./model, port: 40001, method: fp16, distributed: {hosts: [127.0.0.1, 127.0.0.1], port: 40000}}
+          b: {model: ./model, port: 8081, method: fp16, distributed: {hosts: [127.0.0.1, 127.0.0.1], port: 40000}}
+        """)
+    heads_model(tmp_path)
+    found = issues(path)
+    assert [(p, m.rsplit("of ", 1)[1]) for _, _, p, m in found] == [
+        ("$.servers.a.distributed.port", "this server's own port"), ("$.servers.b.distributed.port", "server 'a'")]
+
+
+@pytest.mark.slow
+def test_a_rank_outside_a_group_refuses_before_loading() -> None:
+    done = run_veloxd("serve", "--model", str(Path(__file__).parents[2] / "veloxd" / "assets" / "tiny-llama"),
+                      "--method", "fp16", "--port", "1", "--distributed", "tensor", timeout=120)
+    assert done.returncode == 2 and "not one rank of a group" in done.stderr, done.stderr

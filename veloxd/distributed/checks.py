@@ -133,3 +133,33 @@ def _check_model_shards(model: str, ranks: int, parallelism: str, at: tuple, rep
         if not (Path(model) / "model.safetensors.index.json").is_file():
             report(at, f"pipeline parallelism loads each rank's layers through model.safetensors.index.json, "
                        f"which {model} lacks (use tensor, or a checkpoint saved by mlx_lm.convert)")
+
+
+def port_conflicts(raw_servers: dict[str, Any]) -> list[tuple[str, str]]:
+    """(server, message) for a distributed entry whose ranks' ports collide with another entry's ports.
+
+    Ranks on one machine (loopback tests, or several ranks per Mac) listen on port .. port + ranks - 1;
+    the check is conservative and treats every rank as local.
+    """
+    taken: list[tuple[str, int, int]] = []  # (server, first, last)
+    for name, raw in raw_servers.items():
+        if isinstance(raw, dict) and isinstance(raw.get("port"), int):
+            taken.append((name, raw["port"], raw["port"]))
+    conflicts = []
+    for name, raw in raw_servers.items():
+        block = raw.get("distributed") if isinstance(raw, dict) else None
+        if not isinstance(block, dict) or not isinstance(block.get("hosts"), list):
+            continue
+        first = block.get("port", 32323)
+        if not isinstance(first, int):
+            continue
+        last = first + len(block["hosts"]) - 1
+        for other, low, high in taken:
+            if low <= last and first <= high:
+                whose = "this server's own port" if other == name else f"server '{other}'"
+                ports = f"{low}-{high}" if high != low else str(low)
+                conflicts.append((name, f"distributed.port: the ranks listen on {first}-{last}, which overlaps "
+                                        f"port {ports} of {whose}"))
+                break
+        taken.append((name, first, last))
+    return conflicts
