@@ -47,9 +47,16 @@ class Group:
                                      env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
         self.stdout: list[str] = []
         self.stderr: list[str] = []
-        for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr)):
-            threading.Thread(target=lambda s=stream, k=sink: [k.append(line.rstrip("\n")) for line in s],
-                             daemon=True).start()
+        self._drains = [threading.Thread(target=self._drain, args=(stream, sink), daemon=True)
+                        for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))]
+        for drain in self._drains:
+            drain.start()
+
+    @staticmethod
+    def _drain(stream: Any, sink: list[str]) -> None:
+        with stream:  # closed at EOF: the group process and every rank are gone
+            for line in stream:
+                sink.append(line.rstrip("\n"))
 
     def ready(self, timeout: float = LOAD_S) -> dict[str, Any]:
         import json
@@ -68,10 +75,13 @@ class Group:
         if self.proc.poll() is None:
             self.proc.terminate()
         try:
-            return self.proc.wait(timeout)
+            code = self.proc.wait(timeout)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, 9)
-            return self.proc.wait(10)
+            code = self.proc.wait(10)
+        for drain in self._drains:
+            drain.join(timeout)
+        return code
 
 
 def children(pid: int) -> list[int]:

@@ -12,7 +12,7 @@ import pytest
 
 from tests.distributed.support import LOCAL_PAIR, ring_port
 from tests.fixtures.daemon_harness import pid_alive, wait_gone
-from tests.support import REPO, wait_until
+from tests.support import REPO
 
 FAKE_RANK = Path(__file__).with_name("fake_rank.py")
 
@@ -56,6 +56,7 @@ def test_a_rank_that_ends_takes_the_group_down_with_a_telling_code(code: int, gr
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=30)
 
 
 @pytest.mark.slow
@@ -82,4 +83,4 @@ def test_stopping_the_group_process_leaves_no_rank(how: str) -> None:
             os.close(write_end)
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-        wait_until(lambda: proc.poll() is not None, 10)
+        proc.communicate(timeout=30)  # drains and closes the pipes
