@@ -4,7 +4,7 @@ Arms (the shipped tiny-llama, method affine 4-bit, loopback, ring backend, both 
   single    `veloxd serve`                                    one process
   group     `python -m veloxd.distributed.launcher` (MLX's launcher with veloxd's pump) + 2 ranks of
             `veloxd serve --distributed tensor`: what the daemon runs for a `distributed:` entry
-  upstream  `mlx.launch -n 2 --backend ring` + `mlx_lm server` (idle CPU only: what MLX costs unaided)
+  upstream  `mlx.launch -n 2 --backend ring` + `mlx_lm server` (mlx_lm's own fp16 cache): what MLX costs unaided
 
   READY time    spawn -> the READY line (upstream: its "Starting httpd" line; it loads lazily, so not compared)
   latency       median wall time of a 16-token greedy completion (after one warm-up request)
@@ -160,9 +160,9 @@ def main() -> int:
                    "Starting httpd")
     try:
         upstream.wait_ready()
-        complete(port, 4)  # mlx_lm loads on the first request
         ranks = children(upstream.proc.pid)
-        results["upstream"] = {"idle_cpu_pct": idle_cpu({"launcher": upstream.proc.pid, "rank 0": ranks[0],
+        results["upstream"] = {**serve_figures(port, args.requests),  # its warm-up request loads the model
+                               "idle_cpu_pct": idle_cpu({"launcher": upstream.proc.pid, "rank 0": ranks[0],
                                                          "rank 1": ranks[1]}, args.idle_s)}
     finally:
         upstream.stop()
@@ -176,12 +176,14 @@ def main() -> int:
 
 
 def report(results: dict[str, Any], idle_s: float) -> None:
-    single, group = results["single"], results["group"]
+    single, group, upstream = results["single"], results["group"], results["upstream"]
     print("single process vs 2-rank group (tensor parallel, ring over loopback, tiny-llama, affine 4-bit)")
-    print(f"{'':24}{'single':>12}{'2 ranks':>12}{'ratio':>10}")
+    print(f"{'':24}{'single':>12}{'2 ranks':>12}{'ratio':>10}{'upstream 2 ranks':>20}")
     for key, label in (("ready_s", "READY time (s)"), ("latency_s", "16-token latency (s)"),
                        ("tokens_per_s", "tokens/s (256 tokens)")):
-        print(f"{label:24}{single[key]:>12}{group[key]:>12}{group[key] / single[key]:>10.2f}")
+        theirs = upstream.get(key, "-")
+        print(f"{label:24}{single[key]:>12}{group[key]:>12}{group[key] / single[key]:>10.2f}{theirs:>20}")
+    print("(upstream: mlx.launch + mlx_lm server with mlx_lm's fp16 cache; it loads on the first request)")
     print(f"\nidle CPU over {idle_s:g} s, % of one core (CPU ratios on this shared machine):")
     print(f"  single worker            {single['idle_cpu_pct']['worker']:>6}")
     for arm in ("group", "upstream"):
