@@ -17,12 +17,12 @@ from tests.support import REPO
 FAKE_RANK = Path(__file__).with_name("fake_rank.py")
 
 
-def launch(leaving: int, code: int, lifeline: int | None = None) -> subprocess.Popen[str]:
+def launch(leaving: int, code: int, marks: Path, lifeline: int | None = None) -> subprocess.Popen[str]:
     argv = [sys.executable, "-m", "veloxd.distributed.launcher"]
     if lifeline is not None:
         argv += ["--lifeline-fd", str(lifeline)]
     argv += ["--backend", "ring", "--starting-port", str(ring_port()), "--hosts", ",".join(LOCAL_PAIR), "--",
-             sys.executable, str(FAKE_RANK), str(leaving), str(code)]
+             sys.executable, str(FAKE_RANK), str(leaving), str(code), str(marks)]
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
                             env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)},
                             pass_fds=() if lifeline is None else (lifeline,), start_new_session=True)
@@ -40,14 +40,17 @@ def rank_pids(proc: subprocess.Popen[str], lines: list[str]) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("code", "group_code"), [(2, 2), (0, 3), (1, 3)])
-def test_a_rank_that_ends_takes_the_group_down_with_a_telling_code(code: int, group_code: int) -> None:
+def test_a_rank_that_ends_takes_the_group_down_with_a_telling_code(code: int, group_code: int,
+                                                                  tmp_path: Path) -> None:
     """2 stays 2 (retrying cannot help: the daemon goes FATAL); anything else, even 0, is a failure (3)."""
-    proc = launch(leaving=1, code=code)
+    proc = launch(leaving=1, code=code, marks=tmp_path)
     try:
         lines: list[str] = []
         pids = rank_pids(proc, lines)
-        out, err = proc.communicate(timeout=120)
-        assert proc.returncode == group_code, err
+        assert proc.stdout is not None and proc.stderr is not None
+        with proc.stdout, proc.stderr:  # not communicate(): readline() already buffered some output
+            out, err = proc.stdout.read(), proc.stderr.read()
+        assert proc.wait(120) == group_code, err
         wait_gone(pids, 10)
         lines += out.splitlines()
         assert "[rank 1] hello world" in lines  # two writes, one whole line, tagged
@@ -61,11 +64,11 @@ def test_a_rank_that_ends_takes_the_group_down_with_a_telling_code(code: int, gr
 
 @pytest.mark.slow
 @pytest.mark.parametrize("how", ["sigterm", "lifeline", "sigkill"])
-def test_stopping_the_group_process_leaves_no_rank(how: str) -> None:
+def test_stopping_the_group_process_leaves_no_rank(how: str, tmp_path: Path) -> None:
     """SIGTERM or EOF on the daemon's lifeline: the pump stops every rank and exits 0. SIGKILL of the
     group process alone: each rank sees EOF on its stdin (its own lifeline) and leaves."""
     read_end, write_end = os.pipe()
-    proc = launch(leaving=9, code=0, lifeline=read_end)  # no rank 9: both ranks wait
+    proc = launch(leaving=9, code=0, marks=tmp_path, lifeline=read_end)  # no rank 9: both ranks wait
     os.close(read_end)
     try:
         pids = rank_pids(proc, [])
