@@ -14,8 +14,9 @@ during a step at most budget + L (decode: one spare slot). `offset` stays the tr
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
@@ -54,7 +55,7 @@ class EvictionCache(VeloxCache):
 
     uniform_heads = False  # True: one decision per layer, every KV head keeps the same tokens
     row_lists: tuple[str, ...] = ("offsets", "counts", "evicted")  # host-side state per row
-    row_fill: dict[str, int] = {}  # value of padding rows in `rows` arrays (default 0)
+    row_fill: ClassVar[Mapping[str, int]] = {}  # value of padding rows in `rows` arrays (default 0)
 
     def __init__(self, config: KVCacheConfig, layer: LayerSpec) -> None:
         super().__init__(config, layer)  # sets offset = 0

@@ -24,6 +24,9 @@ the window holds only the stashed queries before the cut until new ones arrive.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import ClassVar
+
 import mlx.core as mx
 
 from veloxd.kv.base import Batchable, LayerSpec, register_cache_class
@@ -67,7 +70,7 @@ class SnapKVCache(Batchable, EvictionCache):
     """Per-slot "obs": weight received from the current decode window's queries."""
 
     row_lists = (*EvictionCache.row_lists, "prefilling", "filled")
-    row_fill = {"stash_pos": -1}
+    row_fill: ClassVar[Mapping[str, int]] = {"stash_pos": -1}
     _scale = 1.0  # the layer's attention scale, seen in attend (stash scoring reuses it)
 
     def __init__(self, config: KVCacheConfig, layer: LayerSpec) -> None:
