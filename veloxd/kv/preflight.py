@@ -17,7 +17,8 @@ from veloxd.kv.config import KVCacheConfig
 
 def head_dims(config: dict[str, Any]) -> tuple[int, int] | None:
     """(key head dimension, value head dimension) from config.json, or None when it does not say."""
-    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    nested = config.get("text_config")
+    text: dict[str, Any] = nested if isinstance(nested, dict) else config
     d = text.get("head_dim")
     if not isinstance(d, int):
         hidden, heads = text.get("hidden_size"), text.get("num_attention_heads")
@@ -47,7 +48,8 @@ def check(config: dict[str, Any], kv: KVCacheConfig) -> None:
             )
     dims = head_dims(config)
     if dims is not None:
-        cache_class(kv.method).check_head_dims(kv, *dims)
+        cls: Any = cache_class(kv.method)
+        cls.check_head_dims(kv, *dims)
 
 
 def _model_module(config: dict[str, Any]) -> Any:

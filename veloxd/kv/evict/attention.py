@@ -74,9 +74,11 @@ def attend(
     queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: str | MaskFn | None, block: int = DEFAULT_BLOCK
 ) -> mx.array:
     """Attention [B, Hq, L, Dv] of queries [B, Hq, L, D] over slots keys/values [B, Hkv, S, D]."""
-    return blockwise_attention(
+    out = blockwise_attention(
         queries, scale, keys.shape[1], keys.shape[2], _score_fn(keys), _value_fn(values), mask, block=block
     )
+    assert out is not None  # values were given
+    return out
 
 
 def received(

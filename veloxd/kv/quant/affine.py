@@ -59,8 +59,8 @@ class AffineCodec(TokenCodec):
     def __init__(self, config: KVCacheConfig, layer: LayerSpec, k_dim: int, v_dim: int) -> None:
         super().__init__(config, layer, k_dim, v_dim)
         self.group_size = config.affine_group_size
-        self.value_bits = config.bits
-        self.key_bits = config.affine_key_bits or config.bits
+        self.value_bits = config.bit_width
+        self.key_bits = config.affine_key_bits or config.bit_width
         for name, dim in (("key", k_dim), ("value", v_dim)):
             if dim % self.group_size:
                 raise ValueError(

@@ -221,9 +221,11 @@ class KIVIRows:
             assert out is not None  # blockwise_attention asks only for non-empty blocks
             return out
 
-        return blockwise_attention(
+        out = blockwise_attention(
             queries, scale, self.heads, length, score_fn, value_fn, mask=keep if own_mask else mask, block=block
         )
+        assert out is not None  # value_fn was given
+        return out
 
     # --- rows as parts: every reshuffle (merge, filter, extend, extract, trim, restore) rebuilds ---
     def row_parts(self, b: int) -> RowParts:

@@ -91,7 +91,7 @@ class QJLCodec(TokenCodec):
     def __init__(self, config: KVCacheConfig, layer: LayerSpec, k_dim: int, v_dim: int) -> None:
         super().__init__(config, layer, k_dim, v_dim)
         self.group_size = config.qjl_value_group_size
-        self.value_bits = config.bits
+        self.value_bits = config.bit_width
         if v_dim % self.group_size:
             raise ValueError(
                 f"qjl_value_group_size={self.group_size} for method qjl: the model's value head "
