@@ -6,7 +6,7 @@ import argparse
 import json
 
 from veloxd.kv import registry
-from veloxd.kv.config import field_named
+from veloxd.kv.config import field_named, fields_for
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
         data = []
         for info in methods:
             entry = info.to_dict()
-            entry["fields"] = [describe_field(n) for n in info.fields]
+            entry["fields"] = [describe_field(n) for n in fields_for(info.name)]
             data.append(entry)
         print(json.dumps({"schema_version": 1, "methods": data}, indent=2))
         return 0
@@ -43,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
         bits = ",".join(map(str, info.bits_choices)) or "-"
         if info.default_bits is not None:
             bits += f" ({info.default_bits})"
-        fields = ", ".join(n for n in info.fields if n != "bits") or "-"
+        fields = ", ".join(n for n in fields_for(info.name) if n != "bits") or "-"
         batch = "yes" if info.batchable else "no"
         print(f"{info.name:<16} {info.family:<13} {info.storage:<8} {bits:<14} {batch:<10} {info.trimmable:<15} {fields}")
     print("\nstorage: packed = resident bytes really shrink; evicted = bounded token count; fp16 = baseline.")

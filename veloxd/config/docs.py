@@ -9,7 +9,7 @@ from typing import Any
 
 from veloxd.config.schema import OWN_KEYS, build_schema
 from veloxd.kv import registry
-from veloxd.kv.config import settings
+from veloxd.kv.config import fields_for, settings
 
 
 def render_markdown() -> str:
@@ -36,7 +36,7 @@ def methods_table() -> str:
     for name in registry.names():
         m = registry.get(name)
         bits = f"{'/'.join(map(str, m.bits_choices))} ({m.default_bits})" if m.bits_choices else "-"
-        fields = [f"`{f}`" for f in m.fields if f not in OWN_KEYS]
+        fields = [f"`{f}`" for f in fields_for(m.name) if f not in OWN_KEYS]
         rows.append([f"`{m.name}`", m.family, bits, m.storage, "yes" if m.batchable else "no",
                      m.trimmable.replace("_", " "), ", ".join(fields) or "-"])
     return _table(rows)

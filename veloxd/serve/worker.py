@@ -16,11 +16,10 @@ import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
-from veloxd.kv.attention import check_model_config
 from veloxd.kv.config import fields_for
+from veloxd.serve import preflight
 from veloxd.serve.adapter import PinnedProvider, ServerHandle, check_version, handler_class, model_names, server_args
 from veloxd.serve.options import ServeOptions
 from veloxd.serve.wiring import wire_caches
@@ -86,6 +85,7 @@ def ready_payload(options: ServeOptions, model_id: str, wiring: Any, load_s: flo
         "auth": options.api_key_env is not None,
         "endpoints": endpoints(options.host, options.port),
         "kv_bytes_per_token": wiring.kv_bytes_per_token,
+        "kv_memory": wiring.kv_memory,
         "load_s": round(load_s, 3),
     }
 
@@ -107,25 +107,13 @@ def watch_generation(handle: ServerHandle, stopper: Stopper) -> None:
     stopper.stop(3, "mlx_lm's generation thread stopped (see the error above); exiting")
 
 
-def precheck_architecture(options: ServeOptions) -> str | None:
-    """Fail before loading weights when a local model's architecture cannot be routed."""
-    config_file = Path(options.model).expanduser() / "config.json"
-    if options.kv.method == "fp16" or not config_file.is_file():
-        return None
-    try:
-        check_model_config(json.loads(config_file.read_text()))
-    except ValueError as err:
-        return f"error: cannot serve {options.model} with method {options.kv.method}: {err}"
-    return None
-
-
 def serve(options: ServeOptions) -> int:
     if options.distributed is not None:
         from veloxd.serve.distributed import serve_rank
 
         return serve_rank(options)
     check_version()
-    refused = precheck_architecture(options)
+    refused = preflight.refusal(options.model, options.kv)
     if refused:
         print(f"veloxd serve: {refused}", file=sys.stderr)
         return 2
