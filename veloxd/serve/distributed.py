@@ -25,6 +25,7 @@ from typing import Any
 import mlx.core as mx
 
 from veloxd.distributed.checks import PIPELINE_NEEDS_FP16
+from veloxd.serve import preflight
 from veloxd.serve.adapter import (
     PinnedProvider,
     ServerHandle,
@@ -37,7 +38,7 @@ from veloxd.serve.adapter import (
 from veloxd.serve.doorbell import Doorbell, connect_group
 from veloxd.serve.options import ServeOptions
 from veloxd.serve.wiring import Wiring, wire_caches
-from veloxd.serve.worker import READY_PREFIX, Stopper, precheck_architecture, ready_payload, watch_lifeline
+from veloxd.serve.worker import READY_PREFIX, Stopper, ready_payload, watch_lifeline
 
 FIGURES = ("pid", "kv_method", "kv_fp16", "layer_caches", "load_s")
 
@@ -132,7 +133,7 @@ def group_payload(options: ServeOptions, model_id: str, wiring: Wiring, load_s: 
 
 def serve_rank(options: ServeOptions) -> int:
     check_version()
-    refused = precheck_architecture(options)
+    refused = preflight.refusal(options.model, options.kv)
     try:
         refused = refused or precheck_sharding(options)
     except ValueError as err:
