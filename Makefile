@@ -12,7 +12,7 @@ BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
 # The dashboard's browser tests drive Debian's chromium through Playwright (no browser download).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test test-fast lint browser bench bench-quick bench-kv bench-daemon bench-limits schema clean
+.PHONY: run test test-fast lint browser bench bench-quick bench-kv bench-daemon bench-limits bench-distributed schema clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -77,6 +77,8 @@ bench-daemon: $(STAMP)
 
 bench-limits: $(STAMP)
 	$(PY) -m benchmarks.limits
+bench-distributed: $(STAMP)
+	$(BLAS_ENV) $(PY) -m benchmarks.distributed
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -28,6 +28,7 @@ class Run:
     prefill_seconds: float
     decode_seconds: list[float]
     prefill_peak_bytes: int  # peak during prefill above the pre-cache active memory
+    decode_peak_bytes: int  # largest peak of one decode step above the memory held before it
     resident_bytes: int  # active memory held by the caches after decode
     nbytes: int  # sum of the caches' own nbytes
     state_bytes_fp16: int  # state arrays, float32 counted at 2 bytes per element
@@ -93,12 +94,15 @@ def run_document(model: Any, make_caches: Any, tokens: np.ndarray, prompt_len: i
     prefill(model, caches, tokens[: prompt_len - 1])
     prefill_seconds = time.perf_counter() - start
     prefill_peak = mx.get_peak_memory() - baseline
-    rows, decode_seconds = [], []
+    rows, decode_seconds, decode_peak = [], [], 0
     for position in range(prompt_len - 1, len(tokens) - 1):
+        before = mx.get_active_memory()
+        mx.reset_peak_memory()
         start = time.perf_counter()
         logprobs = next_logprobs(model, caches, int(tokens[position]))
         mx.eval(logprobs)
         decode_seconds.append(time.perf_counter() - start)
+        decode_peak = max(decode_peak, mx.get_peak_memory() - before)
         rows.append(logprobs)
     stacked = np.array(mx.stack(rows))  # (E, vocab)
     del rows, logprobs
@@ -110,6 +114,7 @@ def run_document(model: Any, make_caches: Any, tokens: np.ndarray, prompt_len: i
         prefill_seconds=prefill_seconds,
         decode_seconds=decode_seconds,
         prefill_peak_bytes=int(prefill_peak),
+        decode_peak_bytes=int(decode_peak),
         resident_bytes=int(resident),
         nbytes=cache_nbytes(caches),
         state_bytes_fp16=state_bytes_fp16(caches),

@@ -16,6 +16,7 @@ COLUMNS = [
     ("resident ÷ fp16", lambda r: fmt(r.get("resident_vs_fp16"), 3)),
     ("resident ÷ nbytes", lambda r: fmt(r.get("resident_over_nbytes"), 2)),
     ("prefill peak ÷ fp16", lambda r: fmt(r.get("prefill_peak_vs_fp16"), 2)),
+    ("decode peak ÷ fp16", lambda r: fmt(r.get("decode_peak_vs_fp16"), 2)),
     ("KL mean [95 % CI]", lambda r: kl_cell(r)),
     ("KL p99", lambda r: fmt(r.get("kl_p99"), 4)),
     ("top-1 agree", lambda r: fmt(r.get("top1_agreement"), 3)),

@@ -1,6 +1,6 @@
 """`make bench` / `make bench-quick`: KV-cache benchmark, serving benchmark, plots and tables.
 
-`make bench` writes benchmarks/results/{kv.json, serving.json, RESULTS.md, README_results.md,
+`make bench` writes benchmarks/results/{kv.json, kv_peak.json, serving.json, RESULTS.md, README_results.md,
 pareto_*.png}. `--quick` (one context length, fewer arms, one serving round; a smoke run of a
 few minutes) writes the same files under benchmarks/results/quick/, leaving the full results alone.
 """
@@ -12,7 +12,7 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks import kv, plots, readme_section, report, serving
+from benchmarks import kv, kv_peak, plots, readme_section, report, serving
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -27,6 +27,8 @@ def main(argv: list[str] | None = None) -> int:
     results = RESULTS / "quick" if args.quick else RESULTS
     common = (["--quick"] if args.quick else []) + (["--model", args.model] if args.model else [])
     kv.main(common + ["--out", str(results / "kv.json")])
+    # one layer's decode and prefill peak per method at GQA 16 (the ratio real models reach)
+    kv_peak.main(["--json", str(results / "kv_peak.json")] + (["--context", "2048"] if args.quick else []))
     if not args.skip_serving:
         serving.main(common + ["--out", str(results / "serving.json")])
     plots.main(results)

@@ -68,6 +68,7 @@ def memory(samples: Samples) -> dict[str, Any]:
         "resident_bytes_per_token": per_token(resident),
         "resident_over_nbytes": median([a / b for a, b in zip(resident, nbytes) if b]),
         "prefill_peak_bytes": median([r.prefill_peak_bytes for r in runs]),
+        "decode_peak_bytes": median([r.decode_peak_bytes for r in runs]),
     }
 
 
@@ -102,6 +103,7 @@ def ratios(row: dict[str, Any], reference: dict[str, Any], reference_itemsize: i
         "stored_vs_fp16": over("stored_bytes_per_token"),
         "resident_vs_fp16": 1.0 if is_reference else (over("resident_bytes_per_token") or 0) * reference_itemsize / 2 or None,
         "prefill_peak_vs_fp16": over("prefill_peak_bytes"),
+        "decode_peak_vs_fp16": over("decode_peak_bytes"),
         "prefill_speed_vs_fp16": over("prefill_tokens_per_s"),
         "decode_speed_vs_fp16": over("decode_tokens_per_s"),
     }

@@ -60,7 +60,9 @@ class ReadyPayload(TypedDict, total=False):
     storage: str
     auth: bool  # bearer token required
     endpoints: dict[str, str]
-    kv_bytes_per_token: dict[str, Any]
+    kv_bytes_per_token: dict[str, Any]  # short form of kv_memory: bytes per token and the ratio at 4k
+    kv_memory: dict[str, Any]  # fixed bytes, bytes per token (measured), totals at 4k/32k/max (derived)
+    distributed: dict[str, Any]  # a distributed group only: parallelism, world size, per-rank figures
     limits: dict[str, Any]  # the effective per-request limits (context length resolved)
     load_s: float
 

@@ -103,16 +103,3 @@ def test_server_args_keeps_upstream_defaults_and_applies_overrides():
     args = adapter.server_args(model="m", max_tokens=7, temp=None)
     assert args.model == "m" and args.max_tokens == 7 and args.temp == 0.0
     assert args.kv_bits is None  # mlx_lm's own KV quantization stays off: veloxd owns the cache
-
-
-def test_architecture_lookup_used_before_load_exists():
-    """veloxd.kv.attention.check_model_config resolves model types with mlx_lm.utils._get_classes."""
-    from mlx_lm.utils import _get_classes
-
-    from veloxd.kv.attention import check_model_config
-
-    model_class, _ = _get_classes({"model_type": "llama"})
-    assert model_class.__module__ == "mlx_lm.models.llama"
-    check_model_config({"model_type": "llama"})  # routable: no error
-    with pytest.raises(ValueError, match="model type 'plamo2'"):
-        check_model_config({"model_type": "plamo2"})

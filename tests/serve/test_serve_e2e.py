@@ -38,8 +38,9 @@ def test_ready_line_describes_the_server(fp16_worker, tiny_model):
     assert payload["pid"] == fp16_worker.proc.pid
     assert payload["layer_caches"] == {"KVCache": 2}
     assert payload["batchable"] is True and payload["trimmable"] == "yes"
-    assert payload["kv_bytes_per_token"]["ratio"] == 1.0
-    assert payload["kv_bytes_per_token"]["fp16"] > 0
+    memory = payload["kv_memory"]
+    assert all(row["ratio"] == 1.0 and row["fp16"] > 0 for row in memory["at"].values())
+    assert memory["bytes_per_token"]["fp16"] > 0 and memory["max_context"] == 8192
     assert set(payload["endpoints"]) == {"openai_base_url", "chat_completions", "completions", "models", "health"}
     ready_lines = [line for line in fp16_worker.stdout if line.startswith("VELOXD_READY ")]
     assert len(ready_lines) == 1

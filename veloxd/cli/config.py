@@ -185,7 +185,12 @@ def _optional(module_name: str, attribute: str, *fallbacks: str) -> Any:
 def _method_text(entry: Any) -> str:
     from veloxd.kv import registry
 
-    return f"{entry.method} {entry.kv.bits}-bit" if registry.get(entry.method).bits_choices else entry.method
+    text = f"{entry.method} {entry.kv.bits}-bit" if registry.get(entry.method).bits_choices else entry.method
+    if entry.distributed is not None:
+        from veloxd.distributed.command import describe
+
+        text += f", {describe(entry.distributed)}"
+    return text
 
 
 def _servers_line(config: Any) -> str:

@@ -48,6 +48,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--max-body-bytes", metavar="SIZE", help="largest request body, e.g. 32Mi; larger ones get "
                    "413 (default 32Mi)")
     p.add_argument("--api-key-env", metavar="VAR", help="require 'Authorization: Bearer $VAR' on every request but /health")
+    p.add_argument("--distributed", choices=("tensor", "pipeline"),
+                   help="serve one rank of a sharded model; run under mlx.launch (veloxd starts it for a "
+                   "`distributed:` entry): rank 0 serves HTTP, the others follow it")
     p.add_argument(protocol.LIFELINE_FLAG, type=int, help=argparse.SUPPRESS)  # the daemon's pipe: EOF means it died
     p.set_defaults(func=run)
 

@@ -62,7 +62,7 @@ def entry_keys_table() -> str:
             spec = {**schema["definitions"][spec["$ref"].rsplit("/", 1)[-1]], **spec}
         rows.append([f"`{key}`" + (" (required)" if key in server["required"] else ""), _type(spec),
                      _show(spec["default"]) if "default" in spec else "-", spec.get("description", "")])
-        if spec.get("type") == "object" and "properties" in spec and key != "overrides":
+        if "object" in spec.get("type", ()) and "properties" in spec and key != "overrides":
             for sub, sub_spec in spec["properties"].items():
                 rows.append([f"`{key}.{sub}`", _type(sub_spec), _show(sub_spec.get("default")),
                              sub_spec.get("description", "")])

@@ -12,6 +12,7 @@ from veloxd.config.semantic import check_dashboard, check_entry, endpoint_confli
 from veloxd.config.source import SourceProblem, read_source
 from veloxd.config.validate import locate, schema_issues
 from veloxd.config.yaml_nodes import YamlProblem, parse
+from veloxd.distributed.checks import port_conflicts
 
 
 @dataclass
@@ -72,6 +73,8 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
             servers[name] = entry
     for name, message in endpoint_conflicts(_endpoints(raw_servers)):
         issues.append(locate(file, spans, ("servers", name, "port"), message))
+    for name, message in port_conflicts(raw_servers):
+        issues.append(locate(file, spans, ("servers", name, "distributed", "port"), message))
     dashboard = None
     raw_dashboard = data.get("dashboard")
     if isinstance(raw_dashboard, dict) and not any(p[:1] == ("dashboard",) for p in bad_paths):

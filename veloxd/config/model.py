@@ -34,9 +34,10 @@ def key(
     return field(default=default, default_factory=factory, metadata=meta)
 
 
-def section(cls: type, *, help: str, live: bool = False) -> Any:
-    """A nested mapping of keys, itself a dataclass declared with `key`."""
-    return field(default_factory=cls, metadata={"help": help, "section": cls, "live": live})
+def section(cls: type, *, help: str, live: bool = False, optional: bool = False) -> Any:
+    """A nested mapping of keys, itself a dataclass declared with `key`; `optional`: absent (None) by default."""
+    meta = {"help": help, "section": cls, "live": live, "optional": optional}
+    return field(default=None, metadata=meta) if optional else field(default_factory=cls, metadata=meta)
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,43 @@ class RestartPolicy:
                                schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400})
 
 
+@dataclass(frozen=True)
+class Distributed:
+    """One server over several ranks (machines) through MLX's launcher; veloxd/distributed/ runs it."""
+
+    hosts: tuple[str, ...] | None = key(None, help="The ranks, one IP address per rank, rank 0 first (MLX's "
+                                        "`--hosts`); rank 0 must be this machine and serves HTTP. 127.0.0.1 "
+                                        "starts a rank locally, any other address over ssh. Give hosts or hostfile.",
+                                        schema={"type": ["array", "null"], "minItems": 2, "maxItems": 64,
+                                                "items": {"type": "string", "pattern": HOST_PATTERN, "maxLength": 253}},
+                                        convert=lambda value: None if value is None else tuple(value))
+    hostfile: str | None = key(None, help="An MLX hostfile (JSON, as `mlx.distributed_config` writes it; "
+                               "relative paths resolve against this file's directory) instead of hosts.",
+                               schema={"type": ["string", "null"], "minLength": 1})
+    backend: str = key("ring", help="MLX's distributed backend: ring (TCP over Ethernet or Thunderbolt) or jaccl "
+                       "(RDMA over Thunderbolt 5; needs a hostfile with RDMA devices).",
+                       schema={"type": "string", "enum": ["ring", "jaccl"]})
+    parallelism: str = key("tensor", help="tensor: every rank holds a share of every layer's heads; pipeline: "
+                           "every rank holds a run of layers (method fp16, models with pipeline support and a "
+                           "sharded checkpoint index only).", schema={"type": "string", "enum": ["tensor", "pipeline"]})
+    port: int = key(32323, help="First TCP port of the ranks' own connections (ring: rank r listens on port + r; "
+                    "jaccl: the coordinator's port); distinct per distributed server.",
+                    schema={"type": "integer", "minimum": 1024, "maximum": 65000})
+    python: str | None = key(None, help="Python interpreter with veloxd installed on every host (an absolute "
+                             "path); unset: the daemon's own interpreter, at the same path on every host.",
+                             schema={"type": ["string", "null"], "minLength": 1})
+    cwd: str | None = key(None, help="Working directory of the ranks on every host; unset: the daemon's, when "
+                          "it exists there.", schema={"type": ["string", "null"], "minLength": 1})
+    env: Mapping[str, str] = key(factory=dict, help="Environment variables exported on every rank, remote "
+                                 "ones included (the entry's env reaches only local ranks).",
+                                 schema={"type": "object", "propertyNames": {"pattern": ENV_NAME_PATTERN},
+                                         "additionalProperties": {"type": "string"}})
+
+    @property
+    def local_ranks_only(self) -> bool:
+        return self.hosts is not None and all(h == "127.0.0.1" for h in self.hosts)
+
+
 @dataclass(frozen=True, kw_only=True)
 class ServerEntry:
     """One server of veloxd.yaml, defaults applied, paths resolved, KV cache validated."""
@@ -128,6 +166,9 @@ class ServerEntry:
                                 schema={"type": "number", "exclusiveMinimum": 0, "maximum": 3600}, live=True)
     restart: RestartPolicy = section(RestartPolicy, help="What happens when the server crashes or fails to "
                                      "start: exponential backoff, then FATAL.", live=True)
+    distributed: Distributed | None = section(Distributed, optional=True, help="Serve this model sharded over "
+                                              "several ranks (Macs) with MLX's launcher, supervised as one unit "
+                                              "(docs/distributed.md); unset: one process on this machine.")
 
     @property
     def method(self) -> str:
@@ -169,7 +210,7 @@ class ServerEntry:
             if "kv" in f.metadata:
                 out.update(_kv_to_dict(value))
             elif "section" in f.metadata:
-                out[f.name] = dataclasses.asdict(value)
+                out[f.name] = None if value is None else _section_to_dict(value)
             else:
                 out[f.name] = dict(value) if isinstance(value, Mapping) else value
         return out
@@ -183,9 +224,11 @@ class ServerEntry:
                 kwargs["kv"] = _kv_from_dict(data)
             elif f.name in data and "section" in f.metadata:
                 section_cls = f.metadata["section"]
-                given = data[f.name] or {}
-                kwargs[f.name] = section_cls(**{sf.name: _coerce(sf, given[sf.name])
-                                                for sf in yaml_fields(section_cls) if sf.name in given})
+                given = data[f.name]
+                if given is None and f.metadata.get("optional"):
+                    continue
+                kwargs[f.name] = section_cls(**{sf.name: _coerce(sf, (given or {})[sf.name])
+                                                for sf in yaml_fields(section_cls) if sf.name in (given or {})})
             elif f.name in data:
                 kwargs[f.name] = _coerce(f, data[f.name])
         return cls(**kwargs)
@@ -303,9 +346,27 @@ def _flat_keys(entry: ServerEntry, *, live: bool) -> dict[str, Any]:
             for name, setting in value.to_dict().items():
                 out[name if name == "method" or name in OWN_KEYS else f"overrides.{name}"] = setting
         elif "section" in f.metadata:
-            out.update({f"{f.name}.{k}": v for k, v in dataclasses.asdict(value).items()})
+            if value is None:
+                out[f.name] = None
+            else:
+                out.update({f"{f.name}.{k}": v for k, v in _section_to_dict(value).items()})
         elif isinstance(value, Mapping):
             out.update({f"{f.name}.{k}": value[k] for k in sorted(value)})
         else:
             out[f.name] = value
     return out
+
+
+def _section_to_dict(value: Any) -> dict[str, Any]:
+    """A section as YAML-shaped data: tuples as lists, mappings as dicts."""
+    out = {}
+    for f in dataclasses.fields(value):
+        item = getattr(value, f.name)
+        out[f.name] = list(item) if isinstance(item, tuple) else dict(item) if isinstance(item, Mapping) else item
+    return out
+
+
+def _flag_text(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return "none" if value is None else str(value)

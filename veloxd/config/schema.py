@@ -185,10 +185,11 @@ def _optional_block(cls: type, name: str) -> dict[str, Any]:
 
 def _section_schema(f: dataclasses.Field) -> dict[str, Any]:
     cls = f.metadata["section"]
+    optional = f.metadata.get("optional", False)
     return {
         "description": f.metadata["help"],
-        "type": "object",
+        "type": ["object", "null"] if optional else "object",
         "additionalProperties": False,
         "properties": {sf.name: _key_schema(sf) for sf in yaml_fields(cls)},
-        "default": dataclasses.asdict(cls()),
+        "default": None if optional else dataclasses.asdict(cls()),
     }

@@ -46,6 +46,10 @@ def check_entry(name: str, raw: dict[str, Any], base_dir: Path,
                 report((section, size_key), f"{section}.{size_key}: {err}")
     if not bad_keys & {"sampling", "limits"}:
         _check_token_cap(data, report)
+    if data.get("distributed") is not None and not bad_keys & {"distributed", "model", "adapter_path"}:
+        from veloxd.distributed.checks import check_distributed
+
+        check_distributed(data, base_dir, report)
     if problems or bad_keys:
         return None, problems
     try:

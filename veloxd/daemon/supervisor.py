@@ -20,6 +20,7 @@ from veloxd.daemon.probe import wait_healthy
 from veloxd.daemon.process import Child, Lifeline, worker_env
 from veloxd.daemon.server import ServerProcess
 from veloxd.daemon.state import ServerState
+from veloxd.distributed.command import group_argv, split_rank
 from veloxd.download.protocol import parse_line
 
 
@@ -33,13 +34,22 @@ class WorkerSpawner:
         self._log = log
 
     def argv(self, entry: Any) -> list[str]:
+        if getattr(entry, "distributed", None) is not None:  # one group process: MLX's launcher and its ranks
+            return group_argv(entry, self.command, self._lifeline.read_fd)
         return [*self.command, *entry.serve_argv(), protocol.LIFELINE_FLAG, str(self._lifeline.read_fd)]
 
     def spawn(self, name: str, spawn_id: int, entry: Any) -> Child:
         inbox, log = self._inbox, self._log.bind(server=name)
+        grouped = getattr(entry, "distributed", None) is not None
 
         def on_line(pid: int, stream: str, line: str) -> None:
-            log.info("server_output", pid=pid, stream=stream, line=line)
+            if grouped:  # `[rank N] ...` from a rank; untagged lines are the launcher's own (rank null)
+                rank, line = split_rank(line)
+                log.info("server_output", pid=pid, rank=rank, stream=stream, line=line)
+                if rank != 0:
+                    return
+            else:
+                log.info("server_output", pid=pid, stream=stream, line=line)
             if stream == "stdout" and protocol.is_ready_line(line):
                 try:
                     inbox.put(m.ReadyLine(name, spawn_id, dict(protocol.parse_ready(line))))

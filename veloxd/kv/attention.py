@@ -51,7 +51,7 @@ def unroutable_modules(modules: list[ModuleType]) -> list[ModuleType]:
     return [
         m
         for m in modules
-        if not hasattr(m, "scaled_dot_product_attention") or "mx.fast.scaled_dot_product_attention(" in _source(m)
+        if not hasattr(m, "scaled_dot_product_attention") or "mx.fast.scaled_dot_product_attention(" in module_source(m)
     ]
 
 
@@ -64,22 +64,11 @@ def refusal(model_type_name: str, culprits: list[ModuleType]) -> ValueError:
     )
 
 
-def check_model_config(config: dict[str, Any]) -> None:
-    """Before loading weights: ValueError if the architecture in config.json cannot be routed."""
-    from mlx_lm.utils import _get_classes  # resolves model_type remapping exactly as load() does
-
-    model_class, _ = _get_classes(config)
-    module = sys.modules[model_class.__module__]
-    culprits = unroutable_modules([module])
-    if culprits:
-        raise refusal(str(config.get("model_type")), culprits)
-
-
 def check_routable(model: Any) -> None:
     """ValueError unless every attention in the loaded `model` goes through the patchable function."""
     modules = model_modules(model)
     routable = [m for m in modules if hasattr(m, "scaled_dot_product_attention")]
-    direct = [m for m in modules if "mx.fast.scaled_dot_product_attention(" in _source(m)]
+    direct = [m for m in modules if "mx.fast.scaled_dot_product_attention(" in module_source(m)]
     if not routable or direct:
         raise refusal(model_type(model), direct or modules)
 
@@ -100,7 +89,8 @@ def install(model: Any) -> int:
     return patched
 
 
-def _source(module: ModuleType) -> str:
+def module_source(module: ModuleType) -> str:
+    """The module's source text ('' when unavailable)."""
     try:
         return inspect.getsource(module)
     except (OSError, TypeError):

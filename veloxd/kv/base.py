@@ -12,20 +12,31 @@ Contract (mlx_lm 0.32 cache protocol plus veloxd's additions):
   class must be registered with `register_cache_class` so load_prompt_cache finds it.
 - `is_trimmable()` / `trim(n)`: exact where the method allows it.
 - `make_mask(N, return_array=False, window_size=None)` and `attend(queries, scale, mask)`.
-- `merge(caches)` classmethod only on batchable methods; it returns a batch cache that is
-  itself a VeloxCache (never mlx_lm's fp16 BatchKVCache).
+- `merge(caches)` classmethod only on batchable methods (mlx_lm batches a cache when it has
+  `merge`); it returns a batch cache that is itself a VeloxCache (never mlx_lm's fp16
+  BatchKVCache).
+
+Batching has one style: a batchable per-request class mixes in `Batchable`, and its module
+declares the batch class next to it, naming what it batches:
+
+    class AffineBatchCache(TokenQuantBatchCache, batches=AffineCache): ...
+
+`BatchCache.__init_subclass__` links the two (`AffineCache.batch_class`, `single_class`), so
+`merge` needs no lazy import and no class is built at run time. `nbytes` is shared: every cache
+lists the arrays it holds in `arrays()`.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, ClassVar, cast
 
 import mlx.core as mx
 from mlx_lm.models import cache as mlx_cache
 
 from veloxd.kv.config import KVCacheConfig
+from veloxd.kv.ops.blockwise import DEFAULT_BLOCK
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,7 @@ class Stored:
 class VeloxCache(mlx_cache._BaseCache):
     """Base class: bookkeeping shared by all methods. Subclasses store and attend."""
 
+    block = DEFAULT_BLOCK  # keys per attention block: bounds one call's transient memory
     # Tokens seen: an int in a per-request cache; a batch cache holds one per row (an mx.array), as
     # mlx_lm's BatchKVCache does, and mlx_lm's models read either. Hence no narrower type here.
     offset: Any
@@ -99,6 +111,46 @@ class VeloxCache(mlx_cache._BaseCache):
         if window_size is not None:
             raise ValueError("veloxd caches do not serve sliding-window attention layers")
         return mlx_cache.create_attention_mask(N, self.offset, return_array, None)
+
+    @classmethod
+    def check_head_dims(cls, config: KVCacheConfig, k_dim: int, v_dim: int) -> None:
+        """ValueError when this method cannot store heads of these dimensions (before any load)."""
+
+    # --- memory: one definition for every cache ---
+    def arrays(self) -> list[mx.array]:
+        """Every MLX array this cache holds (stored tokens, constants, bookkeeping)."""
+        raise NotImplementedError
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of every array held: what the cache really keeps resident."""
+        return array_bytes(self.arrays())
+
+
+class Batchable:
+    """Mixin of per-request caches that mlx_lm's BatchGenerator may merge into a batch."""
+
+    batch_class: ClassVar[type[BatchCache]]
+
+    @classmethod
+    def merge(cls, caches: list[Any]) -> VeloxCache:
+        return cls.batch_class.from_caches(caches)
+
+
+class BatchCache:
+    """Mixin of batch caches: `class XBatchCache(FamilyBatch, batches=XCache)` links both ways."""
+
+    single_class: ClassVar[type]
+
+    def __init_subclass__(cls, batches: type | None = None, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if batches is not None:
+            cls.single_class = batches
+            batches.batch_class = cls
+
+    @classmethod
+    def from_caches(cls, caches: list[Any]) -> VeloxCache:
+        raise NotImplementedError
 
 
 def array_bytes(*arrays: Any) -> int:

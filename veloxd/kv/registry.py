@@ -4,8 +4,8 @@ Drives the YAML schema, `veloxd methods`, CLI help, the READY line and the docs 
 Every method listed here is servable end to end; there is no "crash tier". The flags are
 honest: `storage` says what is really resident, `batchable` whether mlx_lm's batched path
 keeps the compressed class, `trimmable` whether prefix reuse can trim it.
-This module imports no mlx, nor veloxd.kv.config (which imports it): the fields of a method
-are `veloxd.kv.config.fields_for(name)`.
+This module imports no mlx, and nothing else of veloxd: `veloxd.kv.config` builds on it (the
+fields that apply to a method come from `config.fields_for`).
 """
 
 from __future__ import annotations
@@ -61,7 +61,7 @@ METHODS: tuple[MethodInfo, ...] = (
         storage="packed",
         batchable=True,
         trimmable="yes",
-        impl="veloxd.kv.affine:AffineCache",
+        impl="veloxd.kv.quant.affine:AffineCache",
         bits_choices=(2, 3, 4, 6, 8),
         default_bits=4,
         deviations="Values are never rotated (QuaRot folds their rotation into model weights); one rotation per layer from seed + layer index; fp16 scales and biases (bits + 32/group_size bits per element).",
@@ -74,7 +74,7 @@ METHODS: tuple[MethodInfo, ...] = (
         storage="packed",
         batchable=True,
         trimmable="yes",
-        impl="veloxd.kv.kivi:KIVICache",
+        impl="veloxd.kv.quant.kivi:KIVICache",
         bits_choices=(2, 4),
         default_bits=4,
         deviations="Values are quantized with their keys, whole groups at a time, so R..R+G-1 recent tokens of both stay exact (KIVI: exactly R values, 0..R-1 keys); fp16 scales and zeros; trimming into a quantized group dequantizes its kept part into the window.",
@@ -87,7 +87,7 @@ METHODS: tuple[MethodInfo, ...] = (
         storage="packed",
         batchable=True,
         trimmable="yes",
-        impl="veloxd.kv.turboquant:TurboQuantMSECache",
+        impl="veloxd.kv.quant.turboquant:TurboQuantMSECache",
         bits_choices=(2, 3, 4),
         default_bits=4,
         deviations="Randomized Hadamard rotation instead of a dense random orthogonal matrix; the fp16 per-vector scalar is the norm re-corrected for the decoded vector's norm (the paper stores the plain norm); outlier channels are the first turboquant_outlier_channels rotated channels given one more bit (the paper splits channels found before rotation); Lloyd-Max attention decodes codes per key chunk (~2.5-3x fp16 attention time on CPU); turboquant_codebook: uniform uses evenly spaced levels and quantized_matmul instead. Bits per element: bits + outliers/d + 16/d.",
@@ -100,7 +100,7 @@ METHODS: tuple[MethodInfo, ...] = (
         storage="packed",
         batchable=True,
         trimmable="yes",
-        impl="veloxd.kv.turboquant:TurboQuantProdCache",
+        impl="veloxd.kv.quant.turboquant:TurboQuantProdCache",
         bits_choices=(2, 3, 4),
         default_bits=4,
         deviations="As turboquant_mse; the residual sketch S is a d x d Gaussian per layer (seed + layer index), fp16 residual norm. Keys (bits-1) + 1 + outliers/d + 32/d bits per element, values bits + outliers/d + 16/d.",
@@ -113,7 +113,7 @@ METHODS: tuple[MethodInfo, ...] = (
         storage="packed",
         batchable=True,
         trimmable="yes",
-        impl="veloxd.kv.qjl:QJLCache",
+        impl="veloxd.kv.quant.qjl:QJLCache",
         bits_choices=(2, 4, 8),
         default_bits=4,
         deviations="No separate sketch for outlier channels and no unquantized first layers; one dense Gaussian S per layer (seed + layer index); fp16 key norms. Bits per token and head: qjl_sketch_dim + 16 (key) + Dv * (bits + 32/qjl_value_group_size) (value).",
@@ -126,7 +126,7 @@ METHODS: tuple[MethodInfo, ...] = (
         storage="evicted",
         batchable=True,
         trimmable="until_eviction",
-        impl="veloxd.kv.streaming:StreamingLLMCache",
+        impl="veloxd.kv.evict.streaming:StreamingLLMCache",
         deviations="Keys keep their true positions (the paper re-indexes positions inside the cache); the sink + window visibility also applies inside prefill chunks, so chunking never changes the result.",
     ),
     MethodInfo(
@@ -137,7 +137,7 @@ METHODS: tuple[MethodInfo, ...] = (
         storage="evicted",
         batchable=True,
         trimmable="until_eviction",
-        impl="veloxd.kv.knorm:KNormCache",
+        impl="veloxd.kv.evict.knorm:KNormCache",
         deviations="Selection per KV head (as kvpress); the knorm_window most recent tokens are always kept; eviction after every step that leaves more than knorm_budget tokens.",
     ),
     MethodInfo(
@@ -148,7 +148,7 @@ METHODS: tuple[MethodInfo, ...] = (
         storage="evicted",
         batchable=True,
         trimmable="until_eviction",
-        impl="veloxd.kv.snapkv:SnapKVCache",
+        impl="veloxd.kv.evict.snapkv:SnapKVCache",
         deviations="Decode re-compresses every snapkv_window steps when over budget (the paper lets decode grow), so a layer holds at most budget + window tokens; pooling runs over retained tokens in position order; after a trim the observation window holds only the queries stashed before the cut.",
     ),
     MethodInfo(
@@ -159,7 +159,7 @@ METHODS: tuple[MethodInfo, ...] = (
         storage="evicted",
         batchable=True,
         trimmable="until_eviction",
-        impl="veloxd.kv.tova:TOVACache",
+        impl="veloxd.kv.evict.tova:TOVACache",
         deviations="A prefill chunk attends with nothing evicted inside it, then keeps the tova_budget tokens its last query attends to most.",
     ),
     MethodInfo(
@@ -170,7 +170,7 @@ METHODS: tuple[MethodInfo, ...] = (
         storage="evicted",
         batchable=True,
         trimmable="until_eviction",
-        impl="veloxd.kv.h2o:H2OCache",
+        impl="veloxd.kv.evict.h2o:H2OCache",
         deviations="A prefill chunk attends with nothing evicted inside it and evicts at its end; after a trim the accumulated scores keep what the trimmed queries contributed.",
     ),
 )

@@ -17,6 +17,7 @@ import hmac
 import io
 import json
 import logging
+import queue
 import threading
 from collections.abc import Callable
 from http.server import ThreadingHTTPServer
@@ -104,6 +105,7 @@ class PinnedProvider(mlx_server.ModelProvider):
             self._model_map[alias] = cli_args.model
             self._adapter_map[alias] = cli_args.adapter_path
         self._on_loaded = on_loaded
+        self.doorbell: Any = None  # a distributed rank's Doorbell, once set up (serve/distributed.py)
 
     def _load(self, model_path: Any, adapter_path: Any = None, draft_model_path: Any = None) -> None:
         if model_path != self.cli_args.model or adapter_path != self.cli_args.adapter_path or draft_model_path:
@@ -115,7 +117,38 @@ class PinnedProvider(mlx_server.ModelProvider):
         self.loaded.set()
 
 
-class StoppableGenerator(mlx_server.ResponseGenerator):
+IDLE_POLL_S = 1.0  # mlx_lm polls every 0.1 s; in a group each poll is a collective on every rank
+
+
+class LockstepGenerator(mlx_server.ResponseGenerator):
+    """mlx_lm's ResponseGenerator; in a distributed group, idle ranks sleep instead of spinning.
+
+    mlx_lm ends every poll of rank 0's request queue in an `all_sum` that every follower waits
+    in, and MLX's ring backend waits by spinning. With a doorbell (`model_provider.doorbell`,
+    veloxd/serve/doorbell.py) rank 0 tells the followers per poll whether a request is shared,
+    and the collective runs only then; the followers block in `recv` meanwhile. Without one,
+    idle polls are spaced out to IDLE_POLL_S (a request still wakes rank 0's queue at once).
+    """
+
+    def _next_request(self, timeout: float | None = None) -> Any:
+        if not self._is_distributed:
+            return super()._next_request(timeout)
+        if timeout is not None:
+            timeout = max(timeout, IDLE_POLL_S)
+        bell = getattr(self.model_provider, "doorbell", None)
+        if bell is None:
+            return super()._next_request(timeout)
+        if self._rank != 0:
+            return self._share_request(None) if bell.wait() else None
+        try:
+            request = self.requests.get(timeout=timeout) if timeout is not None else self.requests.get_nowait()
+        except queue.Empty:
+            request = None
+        bell.ring(request is not None)
+        return None if request is None else self._share_request(request)
+
+
+class StoppableGenerator(LockstepGenerator):
     """mlx_lm's generator, plus: each request's generation stops when its `RequestWatch` is cancelled.
 
     A handler registers its watch for the duration of a request (`watching`). While it waits for
@@ -366,6 +399,11 @@ def handler_class(model_id: str, accepted_names: set[str], api_key: str | None,
     return VeloxHandler
 
 
+def start_generator(provider: PinnedProvider) -> StoppableGenerator:
+    """mlx_lm's generation thread (it loads the model first); alone it is a follower rank's whole server."""
+    return StoppableGenerator(provider, mlx_server.LRUPromptCache(provider.cli_args.prompt_cache_size))
+
+
 class ServerHandle:
     """The bound HTTP server and mlx_lm's response generator, for serve_forever/shutdown."""
 
@@ -376,8 +414,7 @@ class ServerHandle:
         # Bind before the model loads: once READY is printed, the port is already listening.
         self.httpd = server_class(address, self._make_handler)
         self._handler = handler
-        prompt_cache = mlx_server.LRUPromptCache(provider.cli_args.prompt_cache_size)
-        self.generator = StoppableGenerator(provider, prompt_cache)
+        self.generator = start_generator(provider)
 
     def _make_handler(self, *args: Any, **kwargs: Any) -> Any:
         fingerprint = mlx_server.get_system_fingerprint()

@@ -38,6 +38,7 @@ class ServeOptions:
     api_key_env: str | None = None
     limits: RequestLimits = field(default_factory=RequestLimits)
     lifeline_fd: int | None = None
+    distributed: str | None = None  # "tensor" | "pipeline": one rank of a group started by mlx.launch
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -173,7 +174,9 @@ def build_options(args: Any) -> ServeOptions:
         body_timeout_s=args.request_body_timeout,
         max_body_bytes=size_flag("--max-body-bytes", args.max_body_bytes) or RequestLimits.max_body_bytes,
     )
-    check_port_free(args.host, args.port)
+    distributed = getattr(args, "distributed", None)
+    if distributed is None or os.environ.get("MLX_RANK", "0") == "0":  # only rank 0 binds the port
+        check_port_free(args.host, args.port)
     return ServeOptions(
         model=args.model,
         kv=kv,
@@ -188,6 +191,7 @@ def build_options(args: Any) -> ServeOptions:
         api_key_env=args.api_key_env,
         limits=limits,
         lifeline_fd=args.lifeline_fd,
+        distributed=distributed,
         warnings=tuple(_warnings(args, info, cache_bytes)),
     )
 

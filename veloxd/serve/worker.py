@@ -9,7 +9,6 @@ the worker is gone within about STOP_JOIN_S even in the middle of a prefill.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import signal
@@ -17,12 +16,11 @@ import sys
 import threading
 import time
 import traceback
-from pathlib import Path
 from typing import Any
 
 from veloxd import protocol
-from veloxd.kv.attention import check_model_config
 from veloxd.protocol import ExitCode
+from veloxd.serve import preflight
 from veloxd.serve.adapter import PinnedProvider, ServerHandle, check_version, handler_class, model_names, server_args
 from veloxd.serve.limits import EffectiveLimits
 from veloxd.serve.options import ServeOptions
@@ -38,12 +36,14 @@ class Stopper:
         self.code: int | None = None
         self._lock = threading.Lock()
         self.handle: ServerHandle | None = None
+        self.stopped = threading.Event()  # set once a stop is asked for (a follower rank waits on it)
 
     def stop(self, code: int, message: str | None = None) -> None:
         with self._lock:
             if self.code is not None:
                 return
             self.code = code
+        self.stopped.set()
         if message:
             with contextlib.suppress(OSError):  # the daemon died and nobody reads stderr (EPIPE): still stop
                 print(f"veloxd serve: {message}", file=sys.stderr, flush=True)
@@ -83,6 +83,7 @@ def ready_payload(options: ServeOptions, model_id: str, wiring: Any, limits: Eff
         "endpoints": endpoints(options.host, options.port),
         "kv_bytes_per_token": wiring.kv_bytes_per_token,
         "limits": limits.to_dict(),
+        "kv_memory": wiring.kv_memory,
         "load_s": round(load_s, 3),
     }
 
@@ -104,21 +105,13 @@ def watch_generation(handle: ServerHandle, stopper: Stopper) -> None:
     stopper.stop(ExitCode.FAILED, "mlx_lm's generation thread stopped (see the error above); exiting")
 
 
-def precheck_architecture(options: ServeOptions) -> str | None:
-    """Fail before loading weights when a local model's architecture cannot be routed."""
-    config_file = Path(options.model).expanduser() / "config.json"
-    if options.kv.method == "fp16" or not config_file.is_file():
-        return None
-    try:
-        check_model_config(json.loads(config_file.read_text()))
-    except ValueError as err:
-        return f"error: cannot serve {options.model} with method {options.kv.method}: {err}"
-    return None
-
-
 def serve(options: ServeOptions) -> int:
+    if options.distributed is not None:
+        from veloxd.serve.distributed import serve_rank
+
+        return serve_rank(options)
     check_version()
-    refused = precheck_architecture(options)
+    refused = preflight.refusal(options.model, options.kv)
     if refused:
         print(f"veloxd serve: {refused}", file=sys.stderr)
         return ExitCode.INVALID

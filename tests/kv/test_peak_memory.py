@@ -1,0 +1,75 @@
+"""The transient memory of one attention call is bounded by a block, for every method.
+
+MLX's peak-memory counter is reset around one `attend` of a prefill block and of a decode step,
+with the cache holding 16 key blocks (block = 64 keys, so the sizes stay small), at GQA ratios 2,
+8 and 16 and head dimensions 64 and 128. The peak above what was held before the call must stay
+under `transient_bound` (veloxd.kv.ops.blockwise states it), which does not grow with the cache:
+dequantizing or decoding the whole cache at once (16 blocks) would exceed it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from veloxd.kv import KVCacheConfig, registry
+from veloxd.kv.base import LayerSpec
+from veloxd.kv.factory import cache_class
+from veloxd.kv.ops.blockwise import transient_bound
+
+N_KV = 2
+BLOCK = 64
+CONTEXT = 16 * BLOCK
+CHUNK = 64
+METHODS = [m for m in registry.names() if m != "fp16"]
+
+
+def tensors(n_q: int, L: int, d: int, seed: int) -> tuple[mx.array, mx.array, mx.array]:
+    k1, k2, k3 = mx.random.split(mx.random.key(seed), 3)
+    keys = mx.random.normal((1, N_KV, L, d), key=k1).astype(mx.float16)
+    values = mx.random.normal((1, N_KV, L, d), key=k2).astype(mx.float16)
+    queries = mx.random.normal((1, n_q, L, d), key=k3).astype(mx.float16)
+    mx.eval(keys, values, queries)
+    return queries, keys, values
+
+
+def filled(method: str, d: int, tokens: int) -> Any:
+    """A cache holding `tokens` tokens (default settings: eviction budgets of 1024 are not reached)."""
+    cache = cache_class(method)(KVCacheConfig(method=method), LayerSpec(0, 1))
+    cache.block = BLOCK
+    for start in range(0, tokens, 256):
+        _, keys, values = tensors(1, min(256, tokens - start), d, seed=start)
+        cache.update_and_fetch(keys, values)
+    mx.eval(cache.arrays())
+    return cache
+
+
+def attend_peak(cache: Any, queries: mx.array, keys: mx.array, values: mx.array) -> int:
+    """Peak bytes above the memory held before one attention call (the append is done first)."""
+    cache.update_and_fetch(keys, values)
+    mx.eval(cache.arrays())
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    out = cache.attend(queries, queries.shape[-1] ** -0.5, "causal" if queries.shape[2] > 1 else None)
+    mx.eval(out, cache.arrays())
+    return mx.get_peak_memory() - before
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("gqa", [2, 8, 16])
+@pytest.mark.parametrize("method", METHODS)
+def test_prefill_block_and_decode_step_stay_under_the_stated_bound(method: str, gqa: int, d: int) -> None:
+    n_q = N_KV * gqa
+    cache = filled(method, d, CONTEXT - CHUNK - 1)
+    prefill = attend_peak(cache, *tensors(n_q, CHUNK, d, seed=1))
+    decode = attend_peak(cache, *tensors(n_q, 1, d, seed=2))
+    whole_cache_fp16 = CONTEXT * N_KV * 2 * d * 2
+    prefill_bound = transient_bound(1, n_q, N_KV, CHUNK, d, d, BLOCK)
+    decode_bound = transient_bound(1, n_q, N_KV, 1, d, d, BLOCK)
+    # the bound means something: one float32 copy of the whole cache would not fit under it
+    assert decode_bound < 2 * whole_cache_fp16
+    assert 0 < prefill <= prefill_bound, f"prefill peak {prefill} > bound {prefill_bound}"
+    assert 0 < decode <= decode_bound, f"decode peak {decode} > bound {decode_bound}"

@@ -1,0 +1,120 @@
+"""Attention over an eviction cache's slots: visibility from absolute positions, weights on demand.
+
+Eviction caches keep tokens in arbitrary slots, so the causal mask mlx_lm passes (built from one
+layer's length) does not describe them; visibility is recomputed from each slot's absolute
+position, one key block at a time. Attention runs through `veloxd.kv.ops.blockwise` like every
+other method, so one call's transient memory is bounded by a block (its module doc states the
+bound), not by the retained tokens. Methods that score tokens by attention (TOVA, H2O, SnapKV)
+get the softmax weights from the same pass, reduced block by block (`received`), never as a
+whole [.., L, S] matrix.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import mlx.core as mx
+
+from veloxd.kv.ops.blockwise import DEFAULT_BLOCK, MaskFn, blockwise_attention, per_kv_head
+
+WindowRule = Callable[[mx.array, mx.array], mx.array]
+# probs [B, Hkv, R, Lq, n] (float32), q_start, q_stop -> weight received per key [..., n]
+Reduce = Callable[[mx.array, int, int], mx.array]
+
+
+def visible(kpos: mx.array, qpos: mx.array, window: WindowRule | None = None) -> mx.array:
+    """Slot positions kpos [B, Hm, S] and query positions qpos [B, n] -> bool [B, Hm, n, S].
+
+    A key is visible when its position is not after the query's; free slots hold a position
+    larger than any query's, so they are never visible.
+    """
+    k = kpos[:, :, None, :]  # [B, Hm, 1, S]
+    q = qpos[:, None, :, None]  # [B, 1, n, 1]
+    vis = k <= q
+    if window is not None:
+        vis = vis & window(k, q)
+    return vis
+
+
+def slot_mask(kpos: mx.array, qpos: mx.array, window: WindowRule | None = None, own: int | None = None) -> MaskFn:
+    """Visibility of slots kpos [B, Hm, S] to queries qpos [B, L], built one block at a time.
+
+    `own`: slot of query 0 (queries sit in consecutive slots); each query then also sees its own
+    slot, so a padding query's softmax row is never empty.
+    """
+
+    def part(qs: int, qe: int, start: int, stop: int) -> mx.array:
+        vis = visible(kpos[..., start:stop], qpos[:, qs:qe], window)  # [B, Hm, Lq, n]
+        if own is not None:
+            mine = mx.arange(start, stop)[None] == (mx.arange(qs, qe) + own)[:, None]  # [Lq, n]
+            vis = vis | mine
+        return mx.expand_dims(vis, 2)  # [B, Hm, 1, Lq, n]
+
+    return part
+
+
+def _score_fn(keys: mx.array) -> Callable[[mx.array, int, int], mx.array]:
+    def scores(q: mx.array, start: int, stop: int) -> mx.array:
+        k_t = keys[:, :, start:stop].swapaxes(-1, -2).astype(q.dtype)  # [B, Hkv, D, n]
+        return per_kv_head(q, lambda rows: rows @ k_t)  # [B, Hkv, R, Lq, n]
+
+    return scores
+
+
+def _value_fn(values: mx.array) -> Callable[[mx.array, int, int], mx.array]:
+    def weighted(p: mx.array, start: int, stop: int) -> mx.array:
+        v = values[:, :, start:stop].astype(p.dtype)  # [B, Hkv, n, Dv]
+        return per_kv_head(p, lambda rows: rows @ v)  # [B, Hkv, R, Lq, Dv]
+
+    return weighted
+
+
+def attend(
+    queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: str | MaskFn | None, block: int = DEFAULT_BLOCK
+) -> mx.array:
+    """Attention [B, Hq, L, Dv] of queries [B, Hq, L, D] over slots keys/values [B, Hkv, S, D]."""
+    out = blockwise_attention(
+        queries, scale, keys.shape[1], keys.shape[2], _score_fn(keys), _value_fn(values), mask, block=block
+    )
+    assert out is not None  # values were given
+    return out
+
+
+def received(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array | None,
+    scale: float,
+    mask: str | MaskFn | None,
+    reduce: Reduce,
+    block: int = DEFAULT_BLOCK,
+) -> tuple[mx.array | None, mx.array]:
+    """(attention output or None without values, weight each slot received [..., S]).
+
+    `reduce` turns one block's weights into the weight per key of that block; blocks of queries
+    are summed, blocks of keys concatenated. Nothing of size L x S is ever held.
+    """
+    per_block: dict[int, mx.array] = {}
+
+    def collect(probs: mx.array, qs: int, qe: int, start: int, stop: int) -> None:
+        part = reduce(probs, qs, qe)
+        per_block[start] = part if start not in per_block else per_block[start] + part
+        mx.eval(per_block[start])
+
+    value_fn = None if values is None else _value_fn(values)
+    out = blockwise_attention(
+        queries, scale, keys.shape[1], keys.shape[2], _score_fn(keys), value_fn, mask, block=block, collect=collect
+    )
+    mass = mx.concatenate([per_block[s] for s in sorted(per_block)], axis=-1)
+    return out, mass
+
+
+def max_pool(scores: mx.array, kernel: int) -> mx.array:
+    """1-D max pooling along the last axis, stride 1, same length (scores are >= 0: zero padding)."""
+    if kernel <= 1:
+        return scores
+    n = scores.shape[-1]
+    half = kernel // 2
+    padded = mx.pad(scores, [(0, 0)] * (scores.ndim - 1) + [(half, half)])
+    return functools.reduce(mx.maximum, (padded[..., i : i + n] for i in range(kernel)))

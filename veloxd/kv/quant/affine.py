@@ -1,0 +1,106 @@
+"""`affine`: per-token affine groups along head_dim, stored as `mx.quantize` triples.
+
+Paper: per-token group quantization as in mlx_lm's QuantizedKVCache; the optional rotation
+follows QuaRot (Ashkboos et al., 2024, arXiv 2404.00456): keys and queries are multiplied by the
+same randomized Hadamard matrix, which leaves q·k unchanged and spreads outlier channels.
+Deviations: values are never rotated (QuaRot rotates them too, with the inverse folded into the
+output projection, which would mean editing model weights); the rotation is per layer from
+`seed + layer index` rather than one global matrix; keys may use their own bit width (K8V4).
+Scales and biases are fp16 whatever the compute dtype: bits/element = bits + 32 / group_size.
+Attention reads the packed form directly (quantized_matmul) in key blocks; never exposes an
+attribute named `bits` (mlx_lm's attention would take the cache for its own).
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from veloxd.kv.base import Batchable, LayerSpec, register_cache_class
+from veloxd.kv.config import KVCacheConfig
+from veloxd.kv.ops.blockwise import per_kv_head
+from veloxd.kv.ops.hadamard import Rotation
+from veloxd.kv.quant.tokenbatch import TokenQuantBatchCache
+from veloxd.kv.quant.tokencache import TokenCodec, TokenQuantCache
+
+METADATA_BITS = 32  # one fp16 scale + one fp16 bias per group
+# Query rows per KV head from which a key block is dequantized and multiplied densely: a GEMM
+# through quantized_matmul is ~20x slower on CPU than dequantize + matmul (prefill), while for
+# decode quantized_matmul reads the packed form directly. The dense copy is one block's worth.
+DENSE_ROWS = 16
+
+
+def quantize_fp16(x: mx.array, group_size: int, bits: int) -> tuple[mx.array, mx.array, mx.array]:
+    """mx.quantize of x's fp16 view, so scales and biases are fp16 even when computing in fp32."""
+    return mx.quantize(x.astype(mx.float16), group_size=group_size, bits=bits)
+
+
+def dequantized(triple: tuple[mx.array, mx.array, mx.array], group_size: int, bits: int, dtype: mx.Dtype) -> mx.array:
+    """Dense values of an mx.quantize triple in `dtype` (scales upcast first, as quantized_matmul reads them)."""
+    codes, scales, biases = triple
+    return mx.dequantize(codes, scales.astype(dtype), biases.astype(dtype), group_size=group_size, bits=bits)
+
+
+def packed_matmul(x: mx.array, triple: tuple[mx.array, ...], transpose: bool, group_size: int, bits: int) -> mx.array:
+    """x [B, Hkv, R, L, K] times a packed [B, Hkv, n, ...] triple (broadcast over R), read packed or dense."""
+    if x.shape[-3] * x.shape[-2] < DENSE_ROWS:
+        def packed(rows: mx.array) -> mx.array:
+            return mx.quantized_matmul(rows, *triple, transpose=transpose, group_size=group_size, bits=bits)
+
+        return per_kv_head(x, packed)
+    dense = dequantized(triple, group_size, bits, x.dtype)  # [B, Hkv, n, K or N]: one key block
+    return per_kv_head(x, lambda rows: rows @ (dense.swapaxes(-1, -2) if transpose else dense))
+
+
+class AffineCodec(TokenCodec):
+    """Keys and values as (uint32 codes, fp16 scales, fp16 biases), groups along head_dim."""
+
+    fields = ("k_codes", "k_scales", "k_biases", "v_codes", "v_scales", "v_biases")
+
+    def __init__(self, config: KVCacheConfig, layer: LayerSpec, k_dim: int, v_dim: int) -> None:
+        super().__init__(config, layer, k_dim, v_dim)
+        self.group_size = config.affine_group_size
+        self.value_bits = config.bit_width
+        self.key_bits = config.affine_key_bits or config.bit_width
+        for name, dim in (("key", k_dim), ("value", v_dim)):
+            if dim % self.group_size:
+                raise ValueError(
+                    f"affine_group_size={self.group_size} for method affine: the model's {name} "
+                    f"head dimension {dim} is not a multiple of it; choose a group size that divides {dim}"
+                )
+        self.rotation = Rotation(k_dim, config.seed, layer.index) if config.affine_rotate else None
+
+    def encode(self, keys: mx.array, values: mx.array) -> dict[str, mx.array]:
+        if self.rotation is not None:
+            keys = self.rotation.apply(keys)
+        k = quantize_fp16(keys, self.group_size, self.key_bits)
+        v = quantize_fp16(values, self.group_size, self.value_bits)
+        return dict(zip(self.fields, (*k, *v)))
+
+    def scores(self, q: mx.array, store: dict[str, mx.array]) -> mx.array:
+        keys = tuple(store[n] for n in ("k_codes", "k_scales", "k_biases"))  # [B, Hkv, n, ...]
+        return packed_matmul(q, keys, True, self.group_size, self.key_bits)  # [B, Hkv, R, L, n]
+
+    def weighted_values(self, p: mx.array, store: dict[str, mx.array]) -> mx.array:
+        values = tuple(store[n] for n in ("v_codes", "v_scales", "v_biases"))  # [B, Hkv, n, ...]
+        return packed_matmul(p, values, False, self.group_size, self.value_bits)  # [B, Hkv, R, L, Dv]
+
+    def rotate_queries(self, q: mx.array) -> mx.array:
+        return q if self.rotation is None else self.rotation.apply(q)
+
+    def bits_per_token(self) -> float:
+        overhead = METADATA_BITS / self.group_size
+        return self.k_dim * (self.key_bits + overhead) + self.v_dim * (self.value_bits + overhead)
+
+    def constants(self) -> list[mx.array]:
+        return [] if self.rotation is None else self.rotation.arrays()
+
+
+@register_cache_class
+class AffineCache(Batchable, TokenQuantCache):
+    """Per-request affine cache; `merge` batches it as AffineBatchCache."""
+
+    codec_type = AffineCodec
+
+
+class AffineBatchCache(TokenQuantBatchCache, batches=AffineCache):
+    """Several requests' affine caches, left-padded, still packed."""

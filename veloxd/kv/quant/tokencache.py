@@ -1,0 +1,195 @@
+"""Generic per-token packed KV cache: a `TokenCodec` decides what is stored, this module stores it.
+
+Interface for per-token methods (affine, turboquant_mse/prod, qjl):
+
+    class MyCodec(TokenCodec):
+        fields = ("k_codes", "k_norms", ...)            # names of the per-token arrays
+        def __init__(self, config, layer, k_dim, v_dim)  # built lazily on the first append
+        def encode(self, keys, values) -> dict           # keys/values [B, Hkv, L, D]; every array
+                                                         #   [B, Hkv, L, ...] (packed codes + small metadata)
+        def scores(self, q, store) -> mx.array           # q [B, Hkv, R, L, D] pre-scaled -> [B, Hkv, R, L, n]
+        def weighted_values(self, p, store) -> mx.array  # p [B, Hkv, R, L, n] -> [B, Hkv, R, L, Dv]
+        def rotate_queries(self, q) -> q                 # optional: [B, Hq, L, D], once per attend
+        def finish(self, out) -> out                     # optional: [B, Hq, L, Dv] (e.g. inverse-rotate)
+        def bits_per_token(self) -> float                # analytic bits per token and KV head (K + V)
+        def constants(self) -> list[mx.array]            # fixed arrays held (signs, codebooks)
+
+    @register_cache_class                          # so mlx_lm's load_prompt_cache finds it
+    class MyCache(Batchable, TokenQuantCache):     # without Batchable when it cannot batch
+        codec_type = MyCodec
+
+    class MyBatchCache(TokenQuantBatchCache, batches=MyCache):  # what MyCache.merge returns
+        pass
+
+A codec must deep-copy (the server copies caches: no functions/closures as attributes) and
+list in `constants()` every array it holds, since `nbytes` must equal the arrays really held
+(tests walk every array reachable from a cache and compare).
+
+`store` passed to scores/weighted_values is already sliced to the key block. Tokens sit at axis
+2 of every stored array, so growth, trimming, padding, rolling and batching are method-free.
+`TokenQuantCache` is the per-request cache (256-token step preallocation, attention through
+`blockwise_attention`); `veloxd.kv.quant.tokenbatch.TokenQuantBatchCache` is what `merge` returns
+(array offsets, left padding) and stays packed through prepare/finalize/filter/extend/extract.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+
+from veloxd.kv.base import LayerSpec, VeloxCache
+from veloxd.kv.config import KVCacheConfig
+from veloxd.kv.ops import packing
+from veloxd.kv.ops.blockwise import DEFAULT_BLOCK, blockwise_attention
+
+STEP = 256
+
+
+class TokenCodec:
+    """How one layer's keys and values become per-token codes, and attention reads them back."""
+
+    fields: tuple[str, ...] = ()
+
+    def __init__(self, config: KVCacheConfig, layer: LayerSpec, k_dim: int, v_dim: int) -> None:
+        self.config = config
+        self.layer = layer
+        self.k_dim = k_dim
+        self.v_dim = v_dim
+
+    def encode(self, keys: mx.array, values: mx.array) -> dict[str, mx.array]:
+        raise NotImplementedError
+
+    def scores(self, q: mx.array, store: dict[str, mx.array]) -> mx.array:
+        raise NotImplementedError
+
+    def weighted_values(self, p: mx.array, store: dict[str, mx.array]) -> mx.array:
+        raise NotImplementedError
+
+    def rotate_queries(self, q: mx.array) -> mx.array:
+        return q
+
+    def finish(self, out: mx.array) -> mx.array:
+        return out
+
+    def bits_per_token(self) -> float:
+        raise NotImplementedError
+
+    @property
+    def bits_per_element(self) -> float:
+        """Analytic stored bits per key/value element (metadata included)."""
+        return self.bits_per_token() / (self.k_dim + self.v_dim)
+
+    def constants(self) -> list[mx.array]:
+        return []
+
+
+def attend_store(
+    codec: TokenCodec,
+    store: dict[str, mx.array],
+    length: int,
+    queries: mx.array,
+    scale: float,
+    mask: Any,
+    block: int = DEFAULT_BLOCK,
+) -> mx.array:
+    """Attention of queries [B, Hq, L, D] over the first `length` stored tokens."""
+    n_kv_heads = next(iter(store.values())).shape[1]
+    out = blockwise_attention(
+        codec.rotate_queries(queries),
+        scale,
+        n_kv_heads,
+        length,
+        lambda q, start, stop: codec.scores(q, packing.view(store, start, stop)),
+        lambda p, start, stop: codec.weighted_values(p, packing.view(store, start, stop)),
+        mask=mask,
+        block=block,
+    )
+    return codec.finish(out)
+
+
+class TokenQuantCache(VeloxCache):
+    """Per-request cache holding only the codec's per-token arrays."""
+
+    codec_type: type[TokenCodec] = TokenCodec
+    step = STEP
+
+    def __init__(self, config: KVCacheConfig, layer: LayerSpec) -> None:
+        super().__init__(config, layer)
+        self.codec: TokenCodec | None = None
+        self.store: dict[str, mx.array] | None = None  # name -> [B, Hkv, capacity, ...]
+
+    @classmethod
+    def check_head_dims(cls, config: KVCacheConfig, k_dim: int, v_dim: int) -> None:
+        cls.codec_type(config, LayerSpec(0, 1), k_dim, v_dim)  # the codec raises on what it cannot pack
+
+    def _ensure_codec(self, keys: mx.array, values: mx.array) -> TokenCodec:
+        if self.codec is None:
+            self.codec = self.codec_type(self.config, self.layer, keys.shape[-1], values.shape[-1])
+        return self.codec
+
+    def append(self, keys: mx.array, values: mx.array) -> None:
+        encoded = self._ensure_codec(keys, values).encode(keys, values)
+        n_new = keys.shape[2]
+        self.store = packing.ensure_capacity(self.store, encoded, self.offset, self.offset + n_new, self.step)
+        packing.write(self.store, encoded, self.offset)
+        self.offset += n_new
+
+    def attend(self, queries: mx.array, scale: float, mask: Any) -> mx.array:
+        assert self.codec is not None and self.store is not None  # update_and_fetch appended first
+        return attend_store(self.codec, self.store, self.offset, queries, scale, mask, self.block)
+
+    # --- bookkeeping ---
+    def size(self) -> int:
+        return self.offset
+
+    def empty(self) -> bool:
+        return self.store is None
+
+    def arrays(self) -> list[mx.array]:
+        fixed = self.codec.constants() if self.codec is not None else []
+        return [*(self.store or {}).values(), *fixed]
+
+    def is_trimmable(self) -> bool:
+        return True
+
+    def trim(self, n: int) -> int:
+        n = min(self.offset, n)
+        self.offset -= n
+        self._compact()
+        return n
+
+    def _compact(self) -> None:
+        """Release capacity beyond the step that holds `offset` (copies, so nothing stays pinned)."""
+        if self.store is None:
+            return
+        if self.offset == 0:
+            self.store = None
+            return
+        keep = packing.round_up(self.offset, self.step)
+        if keep < packing.capacity(self.store):
+            self.store = packing.owned_view(self.store, 0, keep)
+
+    # --- persistence: (meta, *arrays in codec field order) ---
+    def meta_extra(self) -> dict[str, Any]:
+        if self.codec is None:
+            return {}
+        return {"k_dim": self.codec.k_dim, "v_dim": self.codec.v_dim}
+
+    @property
+    def state(self) -> tuple:
+        if self.store is None or self.codec is None:  # both set by the first append
+            return (self.meta,)
+        return (self.meta, *(packing.tokens(self.store[n], 0, self.offset) for n in self.codec.fields))
+
+    @state.setter
+    def state(self, v: tuple) -> None:
+        extra = self.restore_meta(v[0])
+        self.codec = None
+        self.store = None
+        if "k_dim" in extra:
+            self.codec = self.codec_type(self.config, self.layer, extra["k_dim"], extra["v_dim"])
+        if len(v) > 1:
+            if self.codec is None or len(v) - 1 != len(self.codec.fields):
+                raise ValueError(f"{type(self).__name__}: state holds {len(v) - 1} arrays, expected its codec's fields")
+            self.store = dict(zip(self.codec.fields, v[1:]))
