@@ -152,7 +152,7 @@ def test_serve_argv_and_restart_keys(tmp_path: Path) -> None:
         "--model", model, "--method", "affine", "--bits", "8", "--seed", "9", "--host", "127.0.0.1",
         "--port", "8081", "--adapter-path", model, "--max-tokens", "512", "--temp", "0.2", "--top-p", "1.0",
         "--prompt-cache-size", "10", "--prompt-cache-bytes", "2000000000", "--api-key-env", "TOKEN",
-        "--set", "affine_rotate=true",
+        "--served-name", "coder", "--set", "affine_rotate=true",
     ]
     key = coder.process_key()
     assert key["overrides.affine_rotate"] is True and key["env.A"] == "b" and key["port"] == 8081
@@ -160,7 +160,7 @@ def test_serve_argv_and_restart_keys(tmp_path: Path) -> None:
     assert coder.live_key() == {
         "allow_unauthenticated": False, "description": "demo", "ready_timeout_s": 600.0, "stop_timeout_s": 30.0,
         "restart.max_failures": 5, "restart.window_s": 300.0, "restart.backoff_initial_s": 1.0,
-        "restart.backoff_max_s": 60.0,
+        "restart.backoff_max_s": 60.0, "aliases": (), "start": "always", "idle_unload_s": None, "concurrency": 4,
     }
 
 

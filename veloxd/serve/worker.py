@@ -67,7 +67,24 @@ def method_config(kv: Any) -> dict[str, Any]:
     return {"method": kv.method, **{name: getattr(kv, name) for name in fields_for(kv.method)}}
 
 
-def ready_payload(options: ServeOptions, model_id: str, wiring: Any, load_s: float) -> dict[str, Any]:
+def memory_facts(model: Any) -> dict[str, Any]:
+    """Loaded weight bytes and (Metal) MLX's recommended working set: the gateway's memory admission reads them."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    flat: Any = tree_flatten(model.parameters())  # [(path, array), ...]
+    weights = sum(int(value.nbytes) for _, value in flat)
+    working_set = None
+    try:
+        if mx.metal.is_available():
+            working_set = int(mx.metal.device_info().get("max_recommended_working_set_size") or 0) or None
+    except (AttributeError, RuntimeError):
+        working_set = None
+    return {"weights_bytes": weights, "recommended_working_set_bytes": working_set}
+
+
+def ready_payload(options: ServeOptions, model_id: str, wiring: Any, load_s: float,
+                  memory: dict[str, Any] | None = None) -> dict[str, Any]:
     info = options.info
     return {
         "schema_version": READY_SCHEMA_VERSION,
@@ -87,6 +104,7 @@ def ready_payload(options: ServeOptions, model_id: str, wiring: Any, load_s: flo
         "kv_bytes_per_token": wiring.kv_bytes_per_token,
         "kv_memory": wiring.kv_memory,
         "load_s": round(load_s, 3),
+        "memory": memory or {},
     }
 
 
@@ -122,6 +140,7 @@ def serve(options: ServeOptions) -> int:
     logging.basicConfig(level=logging.INFO, format=shown)
     stopper = Stopper()
     model_id, names = model_names(options.model)
+    names |= set(options.served_names)
     started = time.monotonic()
 
     def on_loaded(model: Any, tokenizer: Any) -> bool:
@@ -133,7 +152,7 @@ def serve(options: ServeOptions) -> int:
         except Exception:
             stopper.stop(3, "error: wiring the KV cache failed:\n" + traceback.format_exc())
             raise
-        payload = ready_payload(options, model_id, wiring, time.monotonic() - started)
+        payload = ready_payload(options, model_id, wiring, time.monotonic() - started, memory_facts(model))
         print(READY_PREFIX + json.dumps(payload, sort_keys=True), flush=True)
         return wiring.batchable
 
