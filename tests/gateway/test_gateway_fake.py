@@ -77,6 +77,7 @@ def test_routing_limits_auth_and_live_changes_without_restarts(harness: DaemonHa
     status, body = post(base, "/v1/completions", {"model": "alpha", "prompt": "x" * 3000})
     assert status == 413 and "2000" in body["error"]["message"]
 
+    h.wait_event("gateway_request", status=413)  # the gateway writes its events in batches: wait for the last
     requests = events_after(h, 0, "gateway_request")
     assert {(r["model"], r["server"], r["status"]) for r in requests} >= {("fast", "alpha", 200), ("nope", None, 404)}
     assert all(r["latency_s"] is not None and r["queued_s"] is not None for r in requests)
