@@ -12,7 +12,7 @@ BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
 # The dashboard's browser tests drive Debian's chromium through Playwright (no browser download).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test test-fast lint browser bench bench-quick bench-kv bench-daemon bench-limits bench-distributed schema clean
+.PHONY: run test test-fast lint browser bench bench-quick bench-kv bench-daemon bench-limits bench-distributed bench-gateway schema clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,9 @@ bench-limits: $(STAMP)
 	$(PY) -m benchmarks.limits
 bench-distributed: $(STAMP)
 	$(BLAS_ENV) $(PY) -m benchmarks.distributed
+
+bench-gateway: $(STAMP)
+	$(PY) -m benchmarks.gateway
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -64,7 +64,7 @@ def entry(body: str, name: str = "coder") -> str:
 # (case id, file text, expected issues as (line, column, json path, message))
 FIELD_CASES = [
     ("unknown-key", entry("model: ./model\nprot: 8081\nmethod: kivi"), [
-        (3, 3, "$.servers.coder.port", "server 'coder' is missing required key 'port'"),
+        (3, 3, "$.servers.coder.port", "server 'coder' is missing required key 'port' (or add a gateway: block: servers behind it get a port assigned)"),
         (5, 5, "$.servers.coder.prot", "unknown key 'prot' in server 'coder'; did you mean 'port'?"),
     ]),
     ("misspelled-method", entry("model: ./model\nport: 8081\nmethod: kivy"), [
@@ -113,7 +113,7 @@ FIELD_CASES = [
     ]),
     ("top-level-typo", "version: 1\nserver:\n  coder: {model: ./model, port: 8081, method: fp16}\n", [
         (1, 1, "$.servers", "missing required key 'servers'"),
-        (2, 1, "$.server", "unknown top-level key 'server'; did you mean 'servers'? (valid: version, servers, dashboard, x-*)"),
+        (2, 1, "$.server", "unknown top-level key 'server'; did you mean 'servers'? (valid: version, servers, dashboard, gateway, x-*)"),
     ]),
     ("setting-outside-overrides", entry("model: ./model\nport: 8081\nmethod: kivi\nkivi_group_size: 64"), [
         (7, 5, "$.servers.coder.kivi_group_size", "kivi_group_size is a KV-cache setting: put it under overrides"),

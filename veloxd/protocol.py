@@ -63,6 +63,7 @@ class ReadyPayload(TypedDict, total=False):
     kv_bytes_per_token: dict[str, Any]  # short form of kv_memory: bytes per token and the ratio at 4k
     kv_memory: dict[str, Any]  # fixed bytes, bytes per token (measured), totals at 4k/32k/max (derived)
     distributed: dict[str, Any]  # a distributed group only: parallelism, world size, per-rank figures
+    memory: dict[str, Any]  # loaded weight bytes, Metal's recommended working set: the gateway's admission
     limits: dict[str, Any]  # the effective per-request limits (context length resolved)
     load_s: float
 
@@ -70,6 +71,11 @@ class ReadyPayload(TypedDict, total=False):
 # Every process the daemon supervises (model workers, the dashboard sidecar) sends these; a model
 # worker also sends model, method and config, which the daemon checks against its entry.
 REQUIRED_READY_KEYS = ("schema_version", "host", "port", "pid")
+
+
+# A supervised sidecar (the gateway) reports events for the daemon's log as one JSON line each:
+# `VELOXD_EVENT {"event": ..., "level": ..., ...}` on stdout.
+EVENT_PREFIX = "VELOXD_EVENT "
 
 
 # ---- READY line ---------------------------------------------------------------------------

@@ -162,6 +162,7 @@ def test_serve_argv_and_restart_keys(tmp_path: Path) -> None:
         "--port", "8081", "--adapter-path", model, "--max-tokens", "512", "--temp", "0.2", "--top-p", "1.0",
         "--prompt-cache-size", "10", "--prompt-cache-bytes", "2000000000",
         "--request-body-timeout", "30.0", "--max-body-bytes", str(32 * 2**20), "--api-key-env", "TOKEN",
+        "--served-name", "coder",
     ]
     assert json.loads(argv[3]) == coder.kv.to_dict()
     assert json.loads(argv[3])["bits"] == 8 and json.loads(argv[3])["affine_rotate"] is True
@@ -171,7 +172,7 @@ def test_serve_argv_and_restart_keys(tmp_path: Path) -> None:
     assert coder.live_key() == {
         "allow_unauthenticated": False, "description": "demo", "ready_timeout_s": 600.0, "stop_timeout_s": 30.0,
         "restart.max_failures": 5, "restart.window_s": 300.0, "restart.backoff_initial_s": 1.0,
-        "restart.backoff_max_s": 60.0,
+        "restart.backoff_max_s": 60.0, "aliases": (), "start": "always", "idle_unload_s": None, "concurrency": 4,
     }
 
 

@@ -21,6 +21,7 @@ COMMAND_MODULES = (
     "veloxd.cli.service",  # install, uninstall
     "veloxd.cli.pull",  # pull
     "veloxd.cli.web",  # web (internal: the dashboard process)
+    "veloxd.cli.gateway",  # gateway (internal: the daemon runs it)
 )
 
 

@@ -65,6 +65,7 @@ def run_check(args: argparse.Namespace) -> int:
         print(f"{path}: valid; {_servers_line(result.config)}{shown}")
         for warning in warnings:
             print(warning, file=sys.stderr)
+        _warn_memory(result.config)
     else:
         for issue in result.issues:
             print(issue, file=sys.stderr)
@@ -122,10 +123,11 @@ def run_plan(args: argparse.Namespace) -> int:
         print(json.dumps({"file": path, "against": against, **plan.to_dict(), "dashboard": dashboard}, indent=2))
         return EXIT_VALID
     print(f"plan for {path}: {against}")
-    entries = result.config.servers
+    entries = result.config.supervised()
     for name in plan.added:
         e = entries[name]
-        print(f"  + {name:<20} start    ({_method_text(e)} on {e.host}:{e.port})")
+        when = "known    (start: on_demand, on its first request)" if e.start == "on_demand" else "start   "
+        print(f"  + {name:<20} {when} ({_method_text(e)} on {e.host}:{e.port})")
     for name, keys in plan.changed.items():
         print(f"  ~ {name:<20} restart  ({', '.join(keys)})")
     for name, keys in plan.updated.items():
@@ -141,6 +143,11 @@ def run_plan(args: argparse.Namespace) -> int:
         print(f"  {sign} {'(dashboard)':<20} {dashboard:<8} {where}".rstrip())
     acted = dashboard if dashboard in ("start", "restart", "stop") else None
     print(plan.summary() + (f"; the dashboard to {acted}" if acted else ""))
+    if result.config.gateway is not None:  # the memory budget is the gateway's
+        from veloxd.gateway.memory import offline_table, render_table
+
+        print()
+        print("\n".join(render_table(offline_table(result.config, state_dir))))
     return EXIT_VALID
 
 
@@ -185,12 +192,29 @@ def _optional(module_name: str, attribute: str, *fallbacks: str) -> Any:
 def _method_text(entry: Any) -> str:
     from veloxd.kv import registry
 
+    if entry.method not in registry.names():  # the gateway
+        return str(entry.method)
     text = f"{entry.method} {entry.kv.bits}-bit" if registry.get(entry.method).bits_choices else entry.method
     if entry.distributed is not None:
         from veloxd.distributed.command import describe
 
         text += f", {describe(entry.distributed)}"
     return text
+
+
+def _warn_memory(config: Any) -> None:
+    """Servers that always run but do not fit the memory budget: a warning, not an error."""
+    from veloxd.gateway.memory import gib, offline_table
+
+    if config.gateway is None:  # the memory budget is the gateway's
+        return
+    table = offline_table(config, default_state_dir())
+    over = table["always_over_budget"]
+    if over:
+        need = sum(r["total"] or 0 for r in table["servers"].values() if r["start"] == "always")
+        print(f"warning: the servers with start: always need {gib(need)} together, more than the memory budget "
+              f"{gib(table['budget'])} ({table['budget_source']}); over budget from: {', '.join(over)}. "
+              "`veloxd plan` shows the memory table.", file=sys.stderr)
 
 
 def _servers_line(config: Any) -> str:

@@ -51,6 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--distributed", choices=("tensor", "pipeline"),
                    help="serve one rank of a sharded model; run under mlx.launch (veloxd starts it for a "
                    "`distributed:` entry): rank 0 serves HTTP, the others follow it")
+    p.add_argument("--served-name", action="append", metavar="NAME",
+                   help="another model name requests may use; responses then name it (repeatable)")
     p.add_argument(protocol.LIFELINE_FLAG, type=int, help=argparse.SUPPRESS)  # the daemon's pipe: EOF means it died
     p.set_defaults(func=run)
 

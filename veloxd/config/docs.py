@@ -19,6 +19,7 @@ def render_markdown() -> str:
         "## KV-cache settings (`bits`, `seed`, and `overrides`)", "", fields_table(), "",
         "## Server entry keys", "", entry_keys_table(), "",
         "## Dashboard keys (top-level `dashboard:`; absent: no dashboard)", "", block_table("dashboard"), "",
+        "## Gateway keys (`gateway:`, docs/gateway.md)", "", gateway_keys_table(), "",
     ])
 
 
@@ -66,6 +67,15 @@ def entry_keys_table() -> str:
             for sub, sub_spec in spec["properties"].items():
                 rows.append([f"`{key}.{sub}`", _type(sub_spec), _show(sub_spec.get("default")),
                              sub_spec.get("description", "")])
+    return _table(rows)
+
+
+def gateway_keys_table() -> str:
+    gateway = build_schema()["properties"]["gateway"]
+    rows = [["key", "type", "default", "description"]]
+    for key, spec in gateway["properties"].items():
+        rows.append([f"`{key}`" + (" (required)" if key in gateway["required"] else ""), _type(spec),
+                     _show(spec["default"]) if "default" in spec else "-", spec.get("description", "")])
     return _table(rows)
 
 

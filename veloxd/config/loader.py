@@ -7,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from veloxd.config.errors import ConfigError, ConfigIssue, json_path, one_line
+from veloxd.config.gateway import GATEWAY_NAME
+from veloxd.config.gateway_checks import check_gateway, check_routing, with_assigned_ports
 from veloxd.config.model import VERSION, Config, ServerEntry, dashboard_from_dict
 from veloxd.config.semantic import check_dashboard, check_entry, endpoint_conflicts
 from veloxd.config.source import SourceProblem, read_source
@@ -62,7 +64,8 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
             issues.append(issue)
             bad_paths.add(path_parts)
     servers: dict[str, ServerEntry] = {}
-    raw_servers = data["servers"] if isinstance(data.get("servers"), dict) else {}
+    found = data.get("servers")
+    raw_servers: dict[str, Any] = found if isinstance(found, dict) else {}
     for name, raw in raw_servers.items():
         if not isinstance(raw, dict):
             continue
@@ -71,8 +74,16 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
         issues += [locate(file, spans, ("servers", name) + p, message) for p, message in problems]
         if entry is not None:
             servers[name] = entry
-    for name, message in endpoint_conflicts(_endpoints(raw_servers)):
-        issues.append(locate(file, spans, ("servers", name, "port"), message))
+    gateway, gateway_problems = check_gateway(data.get("gateway"), {p[1] for p in bad_paths if p[:1] == ("gateway",)
+                                                                    and len(p) > 1})
+    gateway_problems += check_routing(raw_servers, gateway is not None or "gateway" in data)
+    issues += [locate(file, spans, p, message) for p, message in gateway_problems]
+    endpoints = _endpoints(raw_servers)
+    if isinstance(data.get("gateway"), dict):
+        endpoints.update(_endpoints({GATEWAY_NAME: data["gateway"]}))
+    for name, message in endpoint_conflicts(endpoints):
+        where = ("gateway", "port") if name == GATEWAY_NAME else ("servers", name, "port")
+        issues.append(locate(file, spans, where, message))
     for name, message in port_conflicts(raw_servers):
         issues.append(locate(file, spans, ("servers", name, "distributed", "port"), message))
     dashboard = None
@@ -83,8 +94,8 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
         dashboard = dashboard_from_dict(raw_dashboard)
     if issues:
         return _invalid(issues)
-    return Inspection(Config(version=VERSION, servers=servers, source=str(source.path), sha256=source.sha256,
-                             dashboard=dashboard))
+    return Inspection(Config(version=VERSION, servers=with_assigned_ports(servers, gateway), source=str(source.path),
+                             sha256=source.sha256, dashboard=dashboard, gateway=gateway))
 
 
 def _invalid(issues: list[ConfigIssue]) -> Inspection:

@@ -9,11 +9,14 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from veloxd import protocol
 from veloxd.checks import HOST_PATTERN, SIZE_HELP, SIZE_PATTERN, parse_size
 from veloxd.kv.config import OWN_KEYS, KVCacheConfig, fields_for
+
+if TYPE_CHECKING:
+    from veloxd.config.gateway import Gateway
 
 VERSION = 1
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
@@ -134,8 +137,10 @@ class ServerEntry:
     model: str = key(help="Model to serve: a local MLX model directory (relative paths resolve against this "
                      "file's directory, ~ expands) or a Hugging Face id 'owner/name'.",
                      schema={"type": "string", "minLength": 1})
-    port: int = key(help="TCP port of this server's OpenAI-compatible API; host:port pairs must be unique.",
-                    schema={"type": "integer", "minimum": 1, "maximum": 65535})
+    port: int = key(None, help="TCP port of this server's OpenAI-compatible API; host:port pairs must be unique. "
+                    "May be left out when a `gateway:` block is present: then assigned from 38100-38999 (a hash of "
+                    "the name, the same on every reload).",
+                    schema={"type": ["integer", "null"], "minimum": 1, "maximum": 65535})
     host: str = key("127.0.0.1", help="Address to bind. Loopback by default; any other address exposes the "
                     "server and needs api_key_env, or allow_unauthenticated: true.",
                     schema={"type": "string", "pattern": HOST_PATTERN, "maxLength": 253})
@@ -164,6 +169,21 @@ class ServerEntry:
                                  schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400}, live=True)
     stop_timeout_s: float = key(30.0, help="Seconds between SIGTERM and SIGKILL when stopping the server.",
                                 schema={"type": "number", "exclusiveMinimum": 0, "maximum": 3600}, live=True)
+    aliases: tuple[str, ...] = key((), help="More model names the gateway routes to this server (besides its "
+                                   "name and its Hugging Face id). Applies without a restart.",
+                                   schema={"type": "array", "items": {"type": "string", "minLength": 1,
+                                                                      "maxLength": 200}, "uniqueItems": True},
+                                   live=True, convert=tuple)
+    start: str = key("always", help="always: run while the daemon runs; on_demand: started by the gateway on "
+                     "the first request for it, stopped again after idle_unload_s (needs a `gateway:` block).",
+                     schema={"type": "string", "enum": ["always", "on_demand"]}, live=True)
+    idle_unload_s: float | None = key(None, help="Seconds without requests after which the gateway stops an "
+                                      "on_demand server; unset: it stays until memory is needed.",
+                                      schema={"type": ["number", "null"], "exclusiveMinimum": 0,
+                                              "maximum": 31536000}, live=True)
+    concurrency: int = key(4, help="Requests the gateway forwards to this server at once (more wait in a "
+                           "queue); memory admission counts this many full-context KV caches.",
+                           schema={"type": "integer", "minimum": 1, "maximum": 1024}, live=True)
     restart: RestartPolicy = section(RestartPolicy, help="What happens when the server crashes or fails to "
                                      "start: exponential backoff, then FATAL.", live=True)
     distributed: Distributed | None = section(Distributed, optional=True, help="Serve this model sharded over "
@@ -192,6 +212,7 @@ class ServerEntry:
         argv += ["--request-body-timeout", str(lim.request_body_timeout_s), "--max-body-bytes", str(lim.max_body_bytes)]
         if self.api_key_env:
             argv += ["--api-key-env", self.api_key_env]
+        argv += ["--served-name", self.name]  # the gateway forwards requests under the entry's name
         return argv
 
     def process_key(self) -> dict[str, Any]:
@@ -212,7 +233,8 @@ class ServerEntry:
             elif "section" in f.metadata:
                 out[f.name] = None if value is None else _section_to_dict(value)
             else:
-                out[f.name] = dict(value) if isinstance(value, Mapping) else value
+                out[f.name] = dict(value) if isinstance(value, Mapping) else \
+                    list(value) if isinstance(value, tuple) else value
         return out
 
     @classmethod
@@ -263,6 +285,14 @@ class Config:
     dashboard: Dashboard | None = field(default=None, metadata={
         "section": Dashboard, "help": "A local dashboard and Prometheus /metrics (`veloxd web`, supervised by "
         "the daemon); absent: none."})
+    gateway: Gateway | None = None
+
+    def supervised(self) -> dict[str, Any]:
+        """Every process the daemon runs, by name: the servers, then the gateway if there is one."""
+        from veloxd.config.gateway import GATEWAY_NAME, GatewayEntry
+
+        extra = {GATEWAY_NAME: GatewayEntry(self.gateway)} if self.gateway is not None else {}
+        return {**self.servers, **extra}
 
 
 def yaml_fields(cls: type) -> tuple[dataclasses.Field, ...]:
@@ -277,6 +307,7 @@ def config_to_dict(config: Config) -> dict[str, Any]:
         "source": config.source,
         "sha256": config.sha256,
         "servers": {name: entry.to_dict() for name, entry in config.servers.items()},
+        **({"gateway": config.gateway.to_dict()} if config.gateway is not None else {}),
     }
     if config.dashboard is not None:  # absent means none: an explicit null would not validate
         out["dashboard"] = dataclasses.asdict(config.dashboard)
@@ -285,11 +316,14 @@ def config_to_dict(config: Config) -> dict[str, Any]:
 
 def config_from_dict(data: Mapping[str, Any]) -> Config:
     """Inverse of `config_to_dict` (no file-system checks); ValueError when `data` is malformed."""
+    from veloxd.config.gateway import Gateway
+
     try:
         servers = {name: ServerEntry.from_dict(name, entry) for name, entry in data["servers"].items()}
+        gateway = Gateway.from_dict(data["gateway"]) if data.get("gateway") is not None else None
         return Config(version=int(data["version"]), servers=servers,
                       source=str(data["source"]), sha256=str(data["sha256"]),
-                      dashboard=dashboard_from_dict(data.get("dashboard")))
+                      dashboard=dashboard_from_dict(data.get("dashboard")), gateway=gateway)
     except (KeyError, TypeError, AttributeError) as err:
         raise ValueError(f"malformed config data: {type(err).__name__}: {err}") from None
 

@@ -51,8 +51,8 @@ class Plan:
 
 def diff(current: Config | None, desired: Config) -> Plan:
     """The plan that turns `current` (None: nothing running) into `desired`; names are identities."""
-    old = current.servers if current is not None else {}
-    new = desired.servers
+    old = current.supervised() if current is not None else {}
+    new = desired.supervised()
     changed: dict[str, tuple[str, ...]] = {}
     updated: dict[str, tuple[str, ...]] = {}
     unchanged = []

@@ -46,7 +46,11 @@ def build_schema(fields: Fields | None = None, methods: Sequence[MethodInfo] | N
                 "default": {},
             },
             "dashboard": _optional_block(Config, "dashboard"),
+            "gateway": _gateway_schema(),
         },
+        # Without a gateway every server needs its own port; behind one, ports may be assigned.
+        "allOf": [{"if": {"not": {"required": ["gateway"]}},
+                   "then": {"properties": {"servers": {"additionalProperties": {"required": ["port"]}}}}}],
         "patternProperties": {
             "^x-": {"description": "Extension keys, ignored by veloxd: a place for YAML anchors that several "
                     "servers share (e.g. `x-defaults: &defaults {...}` then `<<: *defaults`)."},
@@ -181,6 +185,21 @@ def _optional_block(cls: type, name: str) -> dict[str, Any]:
     out = _section_schema(f)
     del out["default"]
     return out
+
+
+def _gateway_schema() -> dict[str, Any]:
+    from veloxd.config.gateway import Gateway
+
+    fields = yaml_fields(Gateway)
+    return {
+        "description": "One OpenAI-compatible endpoint in front of every server: routes requests by `model` "
+        "(entry name, aliases, Hugging Face id), starts on_demand servers, unloads idle ones, admits them "
+        "within a memory budget (docs/gateway.md).",
+        "type": "object",
+        "additionalProperties": False,
+        "required": [f.name for f in fields if f.default is dataclasses.MISSING],
+        "properties": {f.name: _key_schema(f) for f in fields},
+    }
 
 
 def _section_schema(f: dataclasses.Field) -> dict[str, Any]:

@@ -140,7 +140,8 @@ def _missing(path: tuple, name: str) -> str:
     if path == ():
         return f"missing required key '{name}'" + (f" (write 'version: {VERSION}')" if name == "version" else "")
     if len(path) == 2 and path[0] == "servers":
-        return f"server '{path[1]}' is missing required key '{name}'"
+        hint = " (or add a gateway: block: servers behind it get a port assigned)" if name == "port" else ""
+        return f"server '{path[1]}' is missing required key '{name}'{hint}"
     return f"{_label(path)} is missing required key '{name}'"
 
 

@@ -23,6 +23,7 @@ from veloxd.daemon.logs import RECENT
 from veloxd.daemon.statefile import read_state
 
 SOCKET_NAME = "control.sock"
+CONTROL_SOCKET_ENV = "VELOXD_CONTROL_SOCKET"  # tells the gateway process where its daemon listens
 MAX_UNIX_PATH = 100  # sun_path is 104 bytes on macOS, 108 on Linux
 REQUEST_TIMEOUT_S = 30.0
 MAX_ANSWER_BYTES = 64 << 20  # a status or an events page; requests themselves stay under 64 KiB
@@ -49,6 +50,15 @@ def _to_message(request: dict[str, Any], reply: m.Reply) -> m.Message | None:
         return m.RestartRequested(name=request["name"], reply=reply)
     if command == "status":
         return m.StatusRequested(reply=reply)
+    if command == "gateway_view":
+        return m.GatewayViewRequested(reply=reply)
+    name = request.get("name")
+    if command == "start" and isinstance(name, str):
+        unload = request.get("unload") or []
+        if isinstance(unload, list) and all(isinstance(n, str) for n in unload):
+            return m.StartRequested(name=name, unload=tuple(unload), reply=reply)
+    if command == "unload" and isinstance(name, str) and request.get("reason") in ("idle", "admission"):
+        return m.UnloadRequested(name=name, reason=request["reason"], reply=reply)
     return None
 
 

@@ -17,9 +17,10 @@ from typing import Any
 
 from veloxd import __version__
 from veloxd.daemon import messages as m
-from veloxd.daemon.control import ControlServer, socket_path
+from veloxd.daemon.control import CONTROL_SOCKET_ENV, ControlServer, socket_path
 from veloxd.daemon.logs import get_logger
 from veloxd.daemon.models import ModelDirs
+from veloxd.daemon.ondemand import OnDemand
 from veloxd.daemon.orphans import end_orphans
 from veloxd.daemon.process import Lifeline, process_start_time
 from veloxd.daemon.reload import ConfigSource, Invalid, Unchanged, Valid
@@ -68,11 +69,14 @@ class Daemon:
         options = self.options
         end_orphans(read_state(options.state_dir), self.log)  # before any port is bound
         self.lifeline = Lifeline()
-        spawner = WorkerSpawner(options.worker_command, self.lifeline, self.inbox, get_logger("veloxd.server"))
+        control_path = socket_path(options.state_dir)
+        spawner = WorkerSpawner(options.worker_command, self.lifeline, self.inbox, get_logger("veloxd.server"),
+                                env={CONTROL_SOCKET_ENV: str(control_path)}, event_log=get_logger("veloxd.gateway"))
         self.supervisor = Supervisor(spawner, get_logger("veloxd.server"))
+        self.ondemand = OnDemand(self.supervisor, options.state_dir, get_logger("veloxd.server"))
         web = WorkerSpawner(web_command(), self.lifeline, self.inbox, get_logger("veloxd.dashboard"))
         self.dashboard = DashboardSidecar(web, get_logger("veloxd.dashboard"), options.state_dir)
-        self.control = ControlServer(socket_path(options.state_dir), self.inbox)
+        self.control = ControlServer(control_path, self.inbox)
         self.watcher = Watcher(options.config_path, self.inbox)
         self._install_signals()
         self.control.start()
@@ -122,10 +126,14 @@ class Daemon:
         if isinstance(msg, (m.ChildExited, m.ReadyLine, m.DownloadLine, m.Healthy)):
             self.supervisor.on_message(msg, now)
             self.dashboard.supervisor.on_message(msg, now)  # each ignores the other's names
+            if isinstance(msg, m.ReadyLine):
+                self.ondemand.on_ready_line(msg.server, msg.payload)
         elif isinstance(msg, m.Shutdown):
             self._shutdown(msg.signum, now)
         elif isinstance(msg, m.StatusRequested):
             msg.reply.send({"ok": True, "state": self._state()})
+        elif isinstance(msg, m.GatewayViewRequested):  # also while stopping: the gateway sees it
+            self.ondemand.handle(msg, now)
         elif self._stopping:
             if getattr(msg, "reply", None) is not None:
                 msg.reply.send({"ok": False, "error": "the daemon is stopping"})
@@ -137,6 +145,8 @@ class Daemon:
             self._request_reload(now, msg.source, msg.reply)
         elif isinstance(msg, m.RestartRequested):
             self._restart(msg, now)
+        elif isinstance(msg, (m.GatewayViewRequested, m.StartRequested, m.UnloadRequested)):
+            self.ondemand.handle(msg, now)
 
     def _shutdown(self, signum: int, now: float) -> None:
         if self._stopping:  # a second signal: do not wait for the grace periods
@@ -234,8 +244,9 @@ class Daemon:
         event = "config_loaded" if first else "config_reloaded"
         self.log.info(event, source=source, config_path=str(self.source.path), config_sha256=new.sha256,
                       servers=list(new.servers), plan=summary)
-        self.config = new
-        self.supervisor.apply(plan, new.servers, now)
+        self.config = self.ondemand.config = new
+        self.supervisor.apply(plan, new.supervised(), now)
+        self.ondemand.report_overcommit()
         self.dashboard.apply(new.dashboard, now)
         self.watcher.set_model_dirs(self.models.update(new.servers))
         self.last_reload = {"ok": True, "at": wall_clock(), "source": source, "config_sha256": new.sha256,
@@ -260,6 +271,7 @@ class Daemon:
             "last_reload": self.last_reload,
             "servers": self.supervisor.snapshot(),
             "dashboard": self.dashboard.snapshot(),
+            "memory": self.ondemand.table() if self.config is not None and self.config.gateway is not None else None,
         }
 
     def _config_as_dict(self) -> dict[str, Any] | None:

@@ -43,6 +43,31 @@ class StatusRequested:
 
 
 @dataclass(frozen=True)
+class GatewayViewRequested:
+    """The gateway asks for every entry's routing facts, state, port and memory need."""
+
+    reply: Reply
+
+
+@dataclass(frozen=True)
+class StartRequested:
+    """The gateway starts an on-demand server, first stopping `unload` (memory admission)."""
+
+    name: str
+    unload: tuple[str, ...]
+    reply: Reply
+
+
+@dataclass(frozen=True)
+class UnloadRequested:
+    """The gateway stops an on-demand server: idle for its idle_unload_s, or to make room."""
+
+    name: str
+    reason: str
+    reply: Reply
+
+
+@dataclass(frozen=True)
 class Shutdown:
     signum: int
 
@@ -99,6 +124,9 @@ Message = (
     | ReloadRequested
     | RestartRequested
     | StatusRequested
+    | GatewayViewRequested
+    | StartRequested
+    | UnloadRequested
     | Shutdown
     | ChildExited
     | ReadyLine

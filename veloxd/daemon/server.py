@@ -320,4 +320,5 @@ class ServerProcess:
             "startup_s": self.startup_s,
             "ready": self.ready_payload,  # the worker's READY line: bits, measured KV bytes per token, endpoints
             "stop_timeout_s": entry.stop_timeout_s,
+            "start": getattr(entry, "start", "always"),
         }

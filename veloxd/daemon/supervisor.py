@@ -7,6 +7,7 @@ Unchanged servers are not touched; live-only updates replace the entry without a
 
 from __future__ import annotations
 
+import json
 import queue
 import threading
 from collections.abc import Iterable, Mapping, Sequence
@@ -27,22 +28,34 @@ from veloxd.download.protocol import parse_line
 class WorkerSpawner:
     """Spawns `<worker command> <entry flags> --lifeline-fd N`; reports go to the loop's queue."""
 
-    def __init__(self, command: Sequence[str], lifeline: Lifeline, inbox: queue.SimpleQueue[Any], log: Any):
+    def __init__(self, command: Sequence[str], lifeline: Lifeline, inbox: queue.SimpleQueue[Any], log: Any,
+                 env: dict[str, str] | None = None, event_log: Any = None):
         self.command = list(command)
         self._lifeline = lifeline
         self._inbox = inbox
         self._log = log
+        self._env = env or {}
+        self._event_log = event_log or log
 
     def argv(self, entry: Any) -> list[str]:
         if getattr(entry, "distributed", None) is not None:  # one group process: MLX's launcher and its ranks
             return group_argv(entry, self.command, self._lifeline.read_fd)
-        return [*self.command, *entry.serve_argv(), protocol.LIFELINE_FLAG, str(self._lifeline.read_fd)]
+        program = getattr(entry, "program", None) or self.command  # the gateway is its own program
+        return [*program, *entry.serve_argv(), protocol.LIFELINE_FLAG, str(self._lifeline.read_fd)]
 
     def spawn(self, name: str, spawn_id: int, entry: Any) -> Child:
-        inbox, log = self._inbox, self._log.bind(server=name)
+        inbox, log, event_log = self._inbox, self._log.bind(server=name), self._event_log
         grouped = getattr(entry, "distributed", None) is not None
 
         def on_line(pid: int, stream: str, line: str) -> None:
+            if stream == "stdout" and line.startswith(protocol.EVENT_PREFIX):
+                try:
+                    record = json.loads(line[len(protocol.EVENT_PREFIX) :])
+                    event, level = str(record.pop("event")), str(record.pop("level", "info"))
+                    getattr(event_log, level if level in ("info", "warning", "error") else "info")(event, **record)
+                    return
+                except (ValueError, KeyError, AttributeError, TypeError):
+                    pass  # not an event after all: logged as output below
             if grouped:  # `[rank N] ...` from a rank; untagged lines are the launcher's own (rank null)
                 rank, line = split_rank(line)
                 log.info("server_output", pid=pid, rank=rank, stream=stream, line=line)
@@ -59,7 +72,7 @@ class WorkerSpawner:
         def on_exit(returncode: int) -> None:
             inbox.put(m.ChildExited(name, spawn_id, returncode))
 
-        env = worker_env({**entry.env, **worker_hub_env(entry.model)})
+        env = worker_env({**entry.env, **worker_hub_env(entry.model), **self._env})
         return Child(self.argv(entry), env, self._lifeline, on_line, on_exit)
 
     def spawn_download(self, name: str, spawn_id: int, entry: Any) -> Child:
@@ -121,7 +134,18 @@ class Supervisor:
         for name in plan.updated:
             if name in self.servers:
                 self.servers[name].entry = desired[name]
-        to_start = {name: desired[name] for name in [*plan.changed, *revived, *plan.added]}
+        running = {n for n, s in self.servers.items() if s.state is not ServerState.STOPPED}
+        candidates = [*plan.changed, *revived, *plan.added]
+        # An on_demand server starts only on its first request, or again if it was running when it changed;
+        # one switched to `start: always` while stopped starts now.
+        candidates += [n for n in plan.updated if n not in running and _start_mode(desired[n]) == "always"]
+        to_start = {n: desired[n] for n in candidates if _start_mode(desired[n]) == "always" or n in running}
+        for name in [*plan.added, *plan.changed]:
+            if name not in to_start and name not in plan.removed:
+                if name in self.servers:
+                    self.servers[name].entry = desired[name]
+                else:  # known (status, the gateway) but not started
+                    self.servers[name] = ServerProcess(desired[name], self._spawner, self._log)
         stop = {*plan.removed, *plan.changed, *revived}
         self.begin(Rollout(stop=stop, start=to_start, remove=set(plan.removed)), now)
 
@@ -206,3 +230,7 @@ class Supervisor:
 
     def snapshot(self) -> dict[str, Any]:
         return {name: server.snapshot() for name, server in sorted(self.servers.items())}
+
+
+def _start_mode(entry: Any) -> str:
+    return getattr(entry, "start", "always")

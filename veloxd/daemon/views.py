@@ -88,6 +88,10 @@ def render_status(state: dict[str, Any]) -> str:
             progress = summary(download["done_bytes"], download["total_bytes"], download["rate_bps"],
                                download["eta_s"]) if download and download.get("total_bytes") else "listing files"
             lines.append(f"{name}: downloading {server.get('model')}: {progress}")
+    if state.get("memory"):
+        from veloxd.gateway.memory import render_table
+
+        lines += ["", *render_table(state["memory"])]
     return "\n".join(lines)
 
 

@@ -39,6 +39,7 @@ class ServeOptions:
     limits: RequestLimits = field(default_factory=RequestLimits)
     lifeline_fd: int | None = None
     distributed: str | None = None  # "tensor" | "pipeline": one rank of a group started by mlx.launch
+    served_names: tuple[str, ...] = ()  # more model names requests may use (the entry's name, for the gateway)
     warnings: tuple[str, ...] = field(default=())
 
     @property
@@ -192,6 +193,7 @@ def build_options(args: Any) -> ServeOptions:
         limits=limits,
         lifeline_fd=args.lifeline_fd,
         distributed=distributed,
+        served_names=tuple(getattr(args, "served_name", None) or ()),
         warnings=tuple(_warnings(args, info, cache_bytes)),
     )
 

@@ -63,8 +63,24 @@ def endpoints(host: str, port: int) -> dict[str, str]:
     }
 
 
+def memory_facts(model: Any) -> dict[str, Any]:
+    """Loaded weight bytes and (Metal) MLX's recommended working set: the gateway's memory admission reads them."""
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+
+    flat: Any = tree_flatten(model.parameters())  # [(path, array), ...]
+    weights = sum(int(value.nbytes) for _, value in flat)
+    working_set = None
+    try:
+        if mx.metal.is_available():
+            working_set = int(mx.metal.device_info().get("max_recommended_working_set_size") or 0) or None
+    except (AttributeError, RuntimeError):
+        working_set = None
+    return {"weights_bytes": weights, "recommended_working_set_bytes": working_set}
+
+
 def ready_payload(options: ServeOptions, model_id: str, wiring: Any, limits: EffectiveLimits,
-                  load_s: float) -> protocol.ReadyPayload:
+                  load_s: float, memory: dict[str, Any] | None = None) -> protocol.ReadyPayload:
     info = options.info
     return {
         "schema_version": protocol.READY_SCHEMA_VERSION,
@@ -85,6 +101,7 @@ def ready_payload(options: ServeOptions, model_id: str, wiring: Any, limits: Eff
         "limits": limits.to_dict(),
         "kv_memory": wiring.kv_memory,
         "load_s": round(load_s, 3),
+        "memory": memory or {},
     }
 
 
@@ -120,6 +137,7 @@ def serve(options: ServeOptions) -> int:
     logging.basicConfig(level=logging.INFO, format=shown)
     stopper = Stopper()
     model_id, names = model_names(options.model)
+    names |= set(options.served_names)
     started = time.monotonic()
 
     def on_loaded(model: Any, tokenizer: Any) -> bool:
@@ -131,7 +149,8 @@ def serve(options: ServeOptions) -> int:
         except Exception:
             stopper.stop(ExitCode.FAILED, "error: wiring the KV cache failed:\n" + traceback.format_exc())
             raise
-        payload = ready_payload(options, model_id, wiring, provider.limits, time.monotonic() - started)
+        payload = ready_payload(options, model_id, wiring, provider.limits, time.monotonic() - started,
+                                memory_facts(model))
         print(protocol.format_ready(payload), flush=True)
         return wiring.batchable
 

@@ -1,0 +1,96 @@
+"""The `gateway:` block and the per-entry gateway keys: validation, assigned ports, what a reload restarts."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tests.config_support import issues, write_config
+from veloxd.config import load_config
+from veloxd.config.gateway import ASSIGNED_PORTS, GATEWAY_NAME
+from veloxd.config.plan import diff
+
+BASE = """\
+version: 1
+gateway: {port: 9000, memory_budget: 48G}
+servers:
+  coder: {model: ./model, method: fp16, aliases: [code, gpt-4o]}
+  chat: {model: ./model, method: fp16, start: on_demand, idle_unload_s: 300, port: 8082}
+"""
+
+
+def test_gateway_block_defaults_sizes_and_assigned_ports(tmp_path: Path) -> None:
+    config = load_config(write_config(tmp_path, BASE))
+    gateway = config.gateway
+    assert gateway is not None
+    assert (gateway.host, gateway.port, gateway.memory_budget, gateway.max_body_bytes) == ("127.0.0.1", 9000,
+                                                                                         48 * 10**9, 16_000_000)
+    coder, chat = config.servers["coder"], config.servers["chat"]
+    assert ASSIGNED_PORTS[0] <= coder.port <= ASSIGNED_PORTS[1] and chat.port == 8082
+    assert coder.aliases == ("code", "gpt-4o") and coder.start == "always" and chat.start == "on_demand"
+    assert list(config.supervised()) == ["coder", "chat", GATEWAY_NAME]
+    # The same name gets the same port in another file with other entries.
+    other = BASE.replace("  chat:", "  aaa: {model: ./model, method: fp16}\n  chat:")
+    assert load_config(write_config(tmp_path, other, name="other.yaml")).servers["coder"].port == coder.port
+
+
+def test_gateway_mistakes_are_located(tmp_path: Path) -> None:
+    text = """\
+version: 1
+gateway: {port: 9000, host: 0.0.0.0, memory_budget: 0, max_body: 10}
+servers:
+  coder: {model: ./model, method: fp16, aliases: [chat], port: 9000}
+  chat: {model: ./model, method: fp16, aliases: [x, y], start: sometimes}
+  other: {model: ./model, method: fp16, aliases: [y]}
+"""
+    found = {(path, message) for _, _, path, message in issues(write_config(tmp_path, text))}
+    paths = {path for path, _ in found}
+    assert "$.gateway.max_body" in paths  # unknown key
+    assert "$.servers.coder.aliases[0]" in paths and "$.servers.other.aliases[0]" in paths
+    assert "$.servers.chat.start" in paths
+    messages = " | ".join(message for _, message in found)
+    assert "alias 'chat' is already the name of server 'chat'" in messages
+    assert "alias 'y' is already an alias of server 'chat'" in messages
+
+
+def test_gateway_exposure_budget_and_port_clash(tmp_path: Path) -> None:
+    text = """\
+version: 1
+gateway: {port: 9000, host: 0.0.0.0, memory_budget: "0.1"}
+servers:
+  coder: {model: ./model, method: fp16, port: 9000}
+"""
+    found = {(path, message) for _, _, path, message in issues(write_config(tmp_path, text))}
+    assert ("$.gateway.host", "host 0.0.0.0 exposes the gateway beyond this machine: set api_key_env (clients "
+            "then need a bearer token) or, deliberately, allow_unauthenticated: true") in found
+    assert any(path == "$.gateway.memory_budget" and "at least 1 byte" in message for path, message in found)
+    assert any(path == "$.gateway.port" and "already used by server 'coder'" in message for path, message in found)
+
+
+def test_on_demand_and_missing_ports_need_a_gateway(tmp_path: Path) -> None:
+    text = "version: 1\nservers:\n  coder: {model: ./model, method: fp16, start: on_demand}\n"
+    assert {(path, message.split(" (")[0]) for _, _, path, message in issues(write_config(tmp_path, text))} == {
+        ("$.servers.coder.port", "server 'coder' is missing required key 'port'"),
+        ("$.servers.coder.start", "start: on_demand needs a gateway: block"),
+    }
+
+
+def test_aliases_idle_budget_and_auth_change_live_and_host_port_restart_the_gateway(tmp_path: Path) -> None:
+    before = load_config(write_config(tmp_path, BASE))
+    live = BASE.replace("[code, gpt-4o]", "[code]").replace("idle_unload_s: 300", "idle_unload_s: 30") \
+               .replace("memory_budget: 48G", "memory_budget: 8G, api_key_env: TOKEN, start_timeout_s: 5")
+    plan = diff(before, load_config(write_config(tmp_path, live, name="live.yaml")))
+    assert not plan.changed and set(plan.updated) == {"coder", "chat", GATEWAY_NAME}
+    assert set(plan.updated[GATEWAY_NAME]) == {"gateway.memory_budget", "gateway.api_key_env",
+                                               "gateway.start_timeout_s"}
+    moved = BASE.replace("port: 9000", "port: 9001")
+    plan = diff(before, load_config(write_config(tmp_path, moved, name="moved.yaml")))
+    assert set(plan.changed) == {GATEWAY_NAME} and plan.changed[GATEWAY_NAME] == ("gateway.port",)
+
+
+def test_state_file_round_trip_keeps_the_gateway(tmp_path: Path) -> None:
+    from veloxd.config.model import config_from_dict, config_to_dict
+
+    config = load_config(write_config(tmp_path, BASE))
+    again = config_from_dict(config_to_dict(config))
+    assert again.gateway == config.gateway and again.servers == config.servers
+    assert diff(config, again).is_noop

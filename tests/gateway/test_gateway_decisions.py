@@ -1,0 +1,119 @@
+"""The gateway's pure decisions with a fake clock: admission, idle unloading, memory needs, routing, ports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from veloxd.config.gateway import ASSIGNED_PORTS, assign_port
+from veloxd.gateway.admission import Admit, Refuse, Resident, admit, idle
+from veloxd.gateway.fleet import routing_table
+from veloxd.gateway.memory import Need, default_budget, entry_need, memory_table, render_table
+
+MB = 1_000_000
+
+
+def resident(name: str, need: int, last_used: float, on_demand: bool = True, busy: bool = False,
+             idle_unload_s: float | None = None) -> Resident:
+    return Resident(name, need, on_demand, busy, last_used, idle_unload_s)
+
+
+def test_admits_what_fits_without_unloading() -> None:
+    assert admit("new", 4 * MB, [resident("a", 5 * MB, 0.0)], budget=10 * MB) == Admit(())
+
+
+def test_unloads_idle_on_demand_servers_least_recently_used_first() -> None:
+    residents = [resident("recent", 3 * MB, last_used=50.0), resident("oldest", 3 * MB, last_used=10.0),
+                 resident("older", 3 * MB, last_used=20.0)]
+    assert admit("new", 4 * MB, residents, budget=10 * MB) == Admit(("oldest",))
+    assert admit("new", 7 * MB, residents, budget=10 * MB) == Admit(("oldest", "older"))
+
+
+def test_never_unloads_always_or_busy_servers_and_says_why_it_refuses() -> None:
+    residents = [resident("pinned", 6 * MB, 0.0, on_demand=False), resident("busy", 3 * MB, 0.0, busy=True)]
+    decision = admit("new", 4 * MB, residents, budget=10 * MB)
+    assert decision == Refuse(4 * MB, 10 * MB, 9 * MB, "even after unloading every idle on-demand server")
+    assert "needs 4000000 bytes" in decision.message("new") and "budget is 10000000 bytes" in decision.message("new")
+    assert admit("huge", 11 * MB, [], budget=10 * MB) == Refuse(11 * MB, 10 * MB, 0, "more than the whole budget")
+
+
+def test_the_server_being_admitted_does_not_count_against_itself() -> None:
+    assert admit("a", 8 * MB, [resident("a", 8 * MB, 0.0)], budget=10 * MB) == Admit(())
+
+
+def test_idle_follows_a_fake_clock() -> None:
+    residents = [resident("short", MB, last_used=100.0, idle_unload_s=5.0),
+                 resident("long", MB, last_used=100.0, idle_unload_s=60.0),
+                 resident("never", MB, last_used=0.0),
+                 resident("busy", MB, last_used=0.0, busy=True, idle_unload_s=1.0),
+                 resident("pinned", MB, last_used=0.0, on_demand=False, idle_unload_s=1.0)]
+    assert idle(residents, now=104.9) == []
+    assert idle(residents, now=105.0) == ["short"]
+    assert idle(residents, now=160.0) == ["short", "long"]
+
+
+def test_need_is_weights_plus_kv_at_the_context_limit_times_concurrency(tmp_path: Path) -> None:
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 1000}))
+    (model / "model-00001.safetensors").write_bytes(b"\0" * 3000)
+    (model / "model-00002.safetensors").write_bytes(b"\0" * 2000)
+    entry = SimpleNamespace(model=str(model), concurrency=4)
+    unmeasured = entry_need(entry, None)
+    assert (unmeasured.weights_bytes, unmeasured.weights_source, unmeasured.total) == (5000, "disk", 5000)
+    measured = entry_need(entry, {"kv_bytes_per_token": 10.5, "weights_bytes": 4000})
+    assert measured.weights_source == "loaded" and measured.total == 4000 + int(10.5 * 1000 * 4)
+    missing = entry_need(SimpleNamespace(model="someone/not-downloaded", concurrency=1), None)
+    assert missing.total is None and missing.weights_source == "unknown" and missing.context_tokens == 4096
+
+
+def test_default_budget_is_a_fraction_of_memory_or_the_smaller_working_set() -> None:
+    assert default_budget(64 * 2**30, None) == 48 * 2**30
+    assert default_budget(64 * 2**30, 40 * 2**30) == 40 * 2**30
+    assert default_budget(None, None) is None
+
+
+def test_memory_table_flags_always_servers_beyond_the_budget() -> None:
+    needs = {"a": Need(6 * MB, "disk", None, 10, 1), "b": Need(6 * MB, "disk", None, 10, 1),
+             "c": Need(6 * MB, "disk", None, 10, 1)}
+    servers = {"a": SimpleNamespace(start="always"), "b": SimpleNamespace(start="on_demand"),
+               "c": SimpleNamespace(start="always")}
+    lookup = {id(e): needs[n] for n, e in servers.items()}
+    table = memory_table(servers, {"a": "ready"}, lambda e: lookup[id(e)], 10 * MB, "gateway.memory_budget")
+    assert table["in_use"] == 6 * MB and table["always_over_budget"] == ["c"]
+    text = "\n".join(render_table(table))
+    assert "budget 9.5 MiB (gateway.memory_budget)" in text and "on_demand" in text and "warning" in text
+
+
+def test_routing_names_aliases_and_unambiguous_model_ids() -> None:
+    servers = {
+        "coder": {"model": "org/coder-7b", "aliases": ["code"]},
+        "chat": {"model": "/models/shared", "aliases": ["talk"]},
+        "chat2": {"model": "/models/shared", "aliases": []},
+    }
+    routes = routing_table(servers)
+    assert routes["coder"] == "coder" and routes["code"] == "coder" and routes["org/coder-7b"] == "coder"
+    assert routes["talk"] == "chat" and routes["chat2"] == "chat2"
+    assert "/models/shared" not in routes and "shared" not in routes  # two servers: ambiguous, not routed
+
+
+def test_assigned_ports_are_stable_per_name_and_skip_taken_ones() -> None:
+    low, high = ASSIGNED_PORTS
+    port = assign_port("coder", set())
+    assert low <= port <= high and assign_port("coder", set()) == port
+    assert assign_port("coder", {port}) == (port + 1 if port < high else low)
+    with pytest.raises(ValueError, match="no free port"):
+        assign_port("coder", set(range(low, high + 1)))
+
+
+def test_the_daemon_never_imports_the_http_stack_or_mlx() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, veloxd.daemon.daemon, veloxd.daemon.ondemand, veloxd.cli.config, veloxd.daemon.views; "
+            "print(sorted(m for m in ('aiohttp', 'mlx') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

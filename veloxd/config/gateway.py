@@ -1,0 +1,118 @@
+"""The top-level `gateway:` block: one OpenAI endpoint in front of every server (docs/gateway.md).
+
+The gateway runs as its own supervised process (`veloxd gateway`), so the daemon treats it like
+a server entry: `GatewayEntry` gives it the attributes the supervisor reads (name, host, port,
+timeouts, restart policy, the argv of its process). Only host and port need a new process;
+every other key reaches the running gateway through the control socket.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import sys
+from dataclasses import dataclass, field
+from typing import Any
+
+from veloxd.checks import SIZE_HELP, SIZE_PATTERN, parse_size
+from veloxd.config.model import ENV_NAME_PATTERN, HOST_PATTERN, RestartPolicy, key, yaml_fields
+
+GATEWAY_NAME = "@gateway"  # its name among supervised processes: never a valid entry name
+# Ports of entries that leave `port` out come from this range: a hash of the name, probed upward.
+ASSIGNED_PORTS = (38100, 38999)
+
+
+def _size_or_none(value: Any) -> int | None:
+    return None if value is None else parse_size(value)
+
+
+@dataclass(frozen=True)
+class Gateway:
+    """The gateway's settings, defaults applied."""
+
+    port: int = key(help="TCP port of the gateway's OpenAI-compatible API (the one base URL clients use).",
+                    schema={"type": "integer", "minimum": 1, "maximum": 65535})
+    host: str = key("127.0.0.1", help="Address the gateway binds. Loopback by default; any other address needs "
+                    "api_key_env, or allow_unauthenticated: true.",
+                    schema={"type": "string", "pattern": HOST_PATTERN, "maxLength": 253})
+    api_key_env: str | None = key(None, help="Name of an environment variable of the daemon holding the bearer "
+                                  "token clients must send to the gateway; unset: no authentication. Applies "
+                                  "without a restart.", schema={"type": ["string", "null"], "pattern": ENV_NAME_PATTERN},
+                                  live=True)
+    allow_unauthenticated: bool = key(False, help="Set true to bind a non-loopback gateway host without "
+                                      "api_key_env, deliberately.", schema={"type": "boolean"}, live=True)
+    memory_budget: int | None = key(None, help=f"Memory the running servers may use together: {SIZE_HELP}. "
+                                    "Unset: 75% of physical memory, or MLX's recommended working set on Apple "
+                                    "silicon when that is smaller. On-demand servers are admitted within it.",
+                                    schema={"type": ["integer", "string", "null"], "minimum": 1,
+                                            "pattern": SIZE_PATTERN}, live=True, convert=_size_or_none)
+    max_body_bytes: int = key(16_000_000, help=f"Largest request body the gateway accepts: {SIZE_HELP}; larger "
+                              "requests get 413.", schema={"type": ["integer", "string"], "minimum": 1,
+                                                          "pattern": SIZE_PATTERN}, live=True, convert=parse_size)
+    start_timeout_s: float = key(300.0, help="Seconds a request waits for its server to become ready (an "
+                                 "on-demand start, a restart after a crash) before it gets 503 with Retry-After.",
+                                 schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400}, live=True)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Gateway:
+        return cls(**{f.name: f.metadata["convert"](data[f.name]) if f.metadata.get("convert") else data[f.name]
+                      for f in yaml_fields(cls) if f.name in data})
+
+    def process_key(self) -> dict[str, Any]:
+        return {"gateway.host": self.host, "gateway.port": self.port}
+
+    def live_key(self) -> dict[str, Any]:
+        return {f"gateway.{f.name}": getattr(self, f.name) for f in yaml_fields(Gateway)
+                if f.metadata.get("live")}
+
+
+@dataclass(frozen=True)
+class GatewayEntry:
+    """The gateway as the supervisor sees a server: its own program, loopback health, readiness line."""
+
+    gateway: Gateway
+    name: str = GATEWAY_NAME
+    method: str = "gateway"
+    model: str = "-"
+    start: str = "always"
+    ready_timeout_s: float = 60.0
+    stop_timeout_s: float = 10.0
+    restart: RestartPolicy = field(default_factory=RestartPolicy)
+    env: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def host(self) -> str:
+        return self.gateway.host
+
+    @property
+    def port(self) -> int:
+        return self.gateway.port
+
+    @property
+    def program(self) -> list[str]:
+        """Replaces the worker command: the gateway is never a `veloxd serve`."""
+        return [sys.executable, "-m", "veloxd", "gateway"]
+
+    def serve_argv(self) -> list[str]:
+        return ["--host", self.host, "--port", str(self.port)]
+
+    def process_key(self) -> dict[str, Any]:
+        return self.gateway.process_key()
+
+    def live_key(self) -> dict[str, Any]:
+        return self.gateway.live_key()
+
+
+def assign_port(name: str, taken: set[int]) -> int:
+    """A port for an entry without one: stable for a name (a hash into ASSIGNED_PORTS), skipping `taken`."""
+    low, high = ASSIGNED_PORTS
+    size = high - low + 1
+    start = int.from_bytes(hashlib.sha256(name.encode()).digest()[:4], "big") % size
+    for step in range(size):
+        port = low + (start + step) % size
+        if port not in taken:
+            return port
+    raise ValueError(f"no free port left in {low}-{high} for server '{name}'")

@@ -1,0 +1,198 @@
+"""The gateway's aiohttp application: auth, routing by `model`, waiting for readiness, forwarding.
+
+`build_app` makes the whole application in one place, so more routes (metrics, a dashboard) can
+be added to it; `Accounting.listen` sees every finished request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import os
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+from aiohttp import web
+
+from veloxd.gateway.events import Accounting, RequestRecord
+from veloxd.gateway.fleet import Fleet, Unavailable
+from veloxd.gateway.proxy import UpstreamLost, UpstreamUnreachable, error_response, forward
+from veloxd.gateway.upstream import Spares
+
+FORWARDED_PATHS = ("/v1/chat/completions", "/v1/completions", "/chat/completions")  # what mlx_lm serves
+OPEN_PATHS = ("/health",)
+CLIENT_MAX_SIZE = 2**31  # aiohttp's own cap; the live gateway.max_body_bytes is checked per request
+RETRY_PAUSE_S = 0.05
+
+FLEET = web.AppKey("fleet", Fleet)
+ACCOUNTING = web.AppKey("accounting", Accounting)
+CREATED = web.AppKey("created", int)
+SPARES = web.AppKey("spares", Spares)
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
+
+
+def build_app(fleet: Fleet, accounting: Accounting | None = None) -> web.Application:
+    app = web.Application(client_max_size=CLIENT_MAX_SIZE, middlewares=[_auth])
+    app[FLEET] = fleet
+    app[ACCOUNTING] = accounting or Accounting()
+    app[CREATED] = int(time.time())
+    app[SPARES] = Spares()
+    app.on_cleanup.append(_close_spares)
+    app.router.add_get("/health", health)
+    app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", get_model)
+    for path in FORWARDED_PATHS:
+        app.router.add_post(path, completion)
+    return app
+
+
+async def _close_spares(app: web.Application) -> None:
+    app[SPARES].close()
+
+
+@web.middleware
+async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Bearer auth (scheme case-insensitive) when gateway.api_key_env is set; /health stays open."""
+    variable = request.app[FLEET].settings.get("api_key_env")
+    if not variable or request.path in OPEN_PATHS:
+        return await handler(request)
+    expected = os.environ.get(variable)
+    if not expected:
+        return error_response(503, f"gateway.api_key_env names {variable}, which is not set in the daemon's "
+                              "environment: every request is refused until it is", "gateway_misconfigured")
+    scheme, _, supplied = request.headers.get("Authorization", "").strip().partition(" ")
+    if scheme.lower() == "bearer" and hmac.compare_digest(supplied.strip().encode(), expected.encode()):
+        return await handler(request)
+    return error_response(401, "missing or wrong bearer token", "invalid_api_key",
+                          headers={"WWW-Authenticate": "Bearer"})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+def _model_card(app: web.Application, name: str, server: dict[str, Any]) -> dict[str, Any]:
+    return {"id": name, "object": "model", "created": app[CREATED], "owned_by": "veloxd",
+            "state": server["state"], "start": server["start"], "aliases": server["aliases"],
+            "model": server["model"], "method": server["method"], "need_bytes": server.get("need")}
+
+
+async def list_models(request: web.Request) -> web.Response:
+    fleet = request.app[FLEET]
+    data = [_model_card(request.app, name, server) for name, server in fleet.servers.items()]
+    return web.json_response({"object": "list", "data": data, "memory_budget_bytes": fleet.view.get("budget")})
+
+
+async def get_model(request: web.Request) -> web.Response:
+    fleet = request.app[FLEET]
+    name = fleet.resolve(request.match_info["model"])
+    if name is None:
+        return _unknown_model(fleet, request.match_info["model"])
+    return web.json_response(_model_card(request.app, name, fleet.servers[name]))
+
+
+def _unknown_model(fleet: Fleet, model: Any) -> web.Response:
+    names = list(fleet.servers)
+    aliases = sorted(a for server in fleet.servers.values() for a in server.get("aliases") or ())
+    also = f" (aliases: {', '.join(aliases)})" if aliases else ""
+    return error_response(404, f"model {model!r} not found; valid models: {', '.join(names) or 'none'}{also}",
+                          "model_not_found", valid=names, aliases=aliases)
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes | None:
+    """The body, or None when it is longer than `limit` (checked before and while reading)."""
+    if request.content_length is not None and request.content_length > limit:
+        return None
+    parts, size = [], 0
+    async for chunk in request.content.iter_any():
+        size += len(chunk)
+        if size > limit:
+            return None
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def completion(request: web.Request) -> web.StreamResponse:
+    record = RequestRecord(method=request.method, path=request.path)
+    try:
+        response = await _complete(request, record)
+        record.status = record.status if record.status and record.error else response.status
+        if not response.prepared:  # send it now: the accounting below is not on the client's clock
+            await response.prepare(request)
+            await response.write_eof()
+        return response
+    except asyncio.CancelledError:  # the client went away (handler_cancellation): upstream is closed too
+        record.status, record.error = 499, "client disconnected"
+        raise
+    finally:
+        request.app[ACCOUNTING].finish(record)
+
+
+async def _complete(request: web.Request, record: RequestRecord) -> web.StreamResponse:
+    fleet = request.app[FLEET]
+    limit = int(fleet.settings.get("max_body_bytes") or CLIENT_MAX_SIZE)
+    body = await _read_body(request, limit)
+    if body is None:
+        return error_response(413, f"request body larger than gateway.max_body_bytes ({limit} bytes)",
+                              "request_too_large")
+    try:
+        payload = json.loads(body)
+    except ValueError as err:
+        return error_response(400, f"request body is not JSON: {err}", "invalid_json")
+    model = payload.get("model") if isinstance(payload, dict) else None
+    if not isinstance(model, str):
+        return error_response(400, f"request has no 'model'; valid models: {', '.join(fleet.servers)}",
+                              "model_required", valid=list(fleet.servers))
+    record.model, record.stream = model, bool(payload.get("stream"))
+    name = fleet.resolve(model)
+    if name is None:
+        return _unknown_model(fleet, model)
+    record.server = name
+    if model != name:  # the worker knows its entry name (--served-name); aliases live only here
+        payload["model"] = name
+        body = json.dumps(payload).encode()
+    slot = fleet.slot(name)
+    slot.in_flight += 1
+    try:
+        return await _forward_when_ready(request, fleet, name, body, record)
+    except Unavailable as err:
+        headers = {"Retry-After": str(err.retry_after_s)} if err.retry_after_s else None
+        record.error = str(err)
+        return error_response(503, str(err), "server_unavailable", headers=headers, **err.facts)
+    finally:
+        slot.in_flight -= 1
+        slot.last_used = fleet.clock()
+
+
+async def _forward_when_ready(request: web.Request, fleet: Fleet, name: str, body: bytes,
+                              record: RequestRecord) -> web.StreamResponse:
+    deadline = fleet.clock() + fleet.start_timeout_s()
+    slot = fleet.slot(name)
+    while True:
+        await fleet.ensure_ready(name, deadline)
+        async with slot.semaphore:
+            record.queued_s = time.monotonic() - record.started
+            server = fleet.servers.get(name)
+            if server is None:
+                raise Unavailable(f"server '{name}' was removed from the config")
+            try:
+                return await forward(request, _host(server["host"]), server["port"], body,
+                                     server.get("upstream_token"), record, request.app[SPARES])
+            except UpstreamUnreachable:
+                fleet.mark_unreachable(name)  # died or unloaded since the last view: wait for it again
+            except UpstreamLost as err:
+                if not await fleet.process_replaced(name, server.get("pid")):
+                    record.error = f"upstream: {err}"
+                    return error_response(502, f"the server for '{name}' closed the connection before answering "
+                                          f"({err})", "upstream_failed")
+        if fleet.clock() >= deadline:
+            raise Unavailable(f"server '{name}' is not reachable", retry_after_s=5)
+        await asyncio.sleep(RETRY_PAUSE_S)
+
+
+def _host(host: str) -> str:
+    """Where to connect for a worker bound to `host` (a wildcard bind is reached on loopback)."""
+    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)

@@ -1,0 +1,71 @@
+"""`veloxd gateway`: the gateway process the daemon supervises (never started by hand).
+
+Connects to the daemon's control socket (VELOXD_CONTROL_SOCKET), binds host:port, prints the
+READY line the supervisor waits for, serves until SIGTERM/SIGINT or until the daemon's lifeline
+closes. Exit codes: 0 stopped, 2 cannot bind (retrying cannot help), 3 no daemon to talk to.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+
+from aiohttp import web
+
+from veloxd.gateway.app import build_app
+from veloxd.gateway.fleet import Fleet
+from veloxd.gateway.link import DaemonGone, DaemonLink
+
+READY_PREFIX = "VELOXD_READY "
+FIRST_VIEW_TIMEOUT_S = 30.0
+
+
+async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None) -> int:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, stop.set)
+    if lifeline_fd is not None:
+        def on_lifeline() -> None:
+            with contextlib.suppress(OSError):
+                if os.read(lifeline_fd, 64):
+                    return
+            loop.remove_reader(lifeline_fd)
+            stop.set()  # EOF: the daemon died
+
+        loop.add_reader(lifeline_fd, on_lifeline)
+    fleet = Fleet(DaemonLink(socket_path))
+    try:
+        await asyncio.wait_for(fleet.refresh(), FIRST_VIEW_TIMEOUT_S)
+    except (TimeoutError, DaemonGone) as err:
+        print(f"veloxd gateway: error: {err}", file=sys.stderr, flush=True)
+        return 3
+    runner = web.AppRunner(build_app(fleet), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    try:
+        await web.TCPSite(runner, host, port).start()
+    except OSError as err:
+        print(f"veloxd gateway: error: cannot bind {host}:{port} ({err.strerror or err})", file=sys.stderr, flush=True)
+        await runner.cleanup()
+        return 2
+    poller = asyncio.create_task(fleet.poll_forever())
+    payload = {"schema_version": 1, "model": "-", "method": "gateway", "host": host, "port": port, "pid": os.getpid(),
+               "endpoints": {"openai_base_url": f"http://{host}:{port}/v1"}, "servers": sorted(fleet.servers)}
+    print(READY_PREFIX + json.dumps(payload), flush=True)
+    await stop.wait()
+    poller.cancel()
+    await runner.cleanup()
+    return 0
+
+
+def run(host: str, port: int, lifeline_fd: int | None) -> int:
+    socket_path = os.environ.get("VELOXD_CONTROL_SOCKET")
+    if not socket_path:
+        print("veloxd gateway: error: VELOXD_CONTROL_SOCKET is not set (the daemon starts the gateway)",
+              file=sys.stderr)
+        return 2
+    return asyncio.run(serve(host, port, socket_path, lifeline_fd))

@@ -1,0 +1,189 @@
+"""What a server needs in memory, and the budget all running servers share (stdlib and psutil only).
+
+need = weights + KV bytes per token x context tokens x concurrency, where
+- weights: the loaded size the worker reported (READY `memory.weights_bytes`), else the size of
+  the model's weight files on disk (a local directory or the Hugging Face cache);
+- KV bytes per token: READY's measured `kv_bytes_per_token.method`, remembered per model, method
+  and bits in the state directory (measurements.json); unmeasured: counted as 0 until measured;
+- context tokens: the model's `max_position_embeddings` (config.json), else 4096;
+- concurrency: the entry's `concurrency` (the gateway never forwards more requests at once).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+BUDGET_FRACTION = 0.75  # of physical memory: the OS, the daemon and the gateway keep the rest
+DEFAULT_CONTEXT = 4096
+WEIGHT_SUFFIXES = (".safetensors", ".npz", ".gguf", ".bin")
+
+
+@dataclass(frozen=True)
+class Need:
+    """One entry's estimated resident memory; `total` is None when the weights are unknown."""
+
+    weights_bytes: int | None
+    weights_source: str  # "loaded" | "disk" | "unknown"
+    kv_bytes_per_token: float | None
+    context_tokens: int
+    concurrency: int
+
+    @property
+    def kv_bytes(self) -> int:
+        return int((self.kv_bytes_per_token or 0) * self.context_tokens * self.concurrency)
+
+    @property
+    def total(self) -> int | None:
+        return None if self.weights_bytes is None else self.weights_bytes + self.kv_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "kv_bytes": self.kv_bytes, "total": self.total}
+
+
+def measurement_key(model: str, method: str, bits: int | None) -> str:
+    return f"{model}|{method}|{bits}"
+
+
+def model_dir(model: str) -> Path | None:
+    """The local directory holding `model`'s files: the path itself, or its complete Hugging Face snapshot."""
+    from veloxd.download.cache import is_hub_model, local_snapshot
+
+    if is_hub_model(model):
+        return local_snapshot(model, os.environ)
+    path = Path(model).expanduser()
+    return path if path.is_dir() else None
+
+
+def weights_on_disk(model: str) -> int | None:
+    directory = model_dir(model)
+    if directory is None:
+        return None
+    total = 0
+    for file in directory.rglob("*"):
+        if file.name.endswith(WEIGHT_SUFFIXES):
+            try:
+                total += file.stat().st_size  # follows the HF cache's symlinks into blobs/
+            except OSError:
+                continue
+    return total or None
+
+
+def context_tokens(model: str) -> int:
+    directory = model_dir(model)
+    try:
+        config = json.loads((directory / "config.json").read_text()) if directory else {}
+    except (OSError, ValueError):
+        config = {}
+    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
+    return value if isinstance(value, int) and value > 0 else DEFAULT_CONTEXT
+
+
+def entry_need(entry: Any, measured: Mapping[str, Any] | None) -> Need:
+    """The need of a ServerEntry given its remembered measurement (None: never measured)."""
+    measured = measured or {}
+    weights, source = measured.get("weights_bytes"), "loaded"
+    if not isinstance(weights, int):
+        weights, source = weights_on_disk(entry.model), "disk"
+        if weights is None:
+            source = "unknown"
+    kv = measured.get("kv_bytes_per_token")
+    return Need(weights_bytes=weights, weights_source=source,
+                kv_bytes_per_token=float(kv) if isinstance(kv, (int, float)) else None,
+                context_tokens=context_tokens(entry.model), concurrency=int(entry.concurrency))
+
+
+def memory_table(servers: Mapping[str, Any], states: Mapping[str, str], need: Callable[[Any], Need],
+                 budget: int | None, budget_source: str) -> dict[str, Any]:
+    """Every entry's need and state, the budget, what running entries use, and `always` entries over budget."""
+    rows = {name: {**need(entry).to_dict(), "state": states.get(name, "stopped"), "start": entry.start}
+            for name, entry in servers.items()}
+    in_use = sum(r["total"] or 0 for r in rows.values() if r["state"] != "stopped")
+    over, total = [], 0
+    for name, row in rows.items():
+        if row["start"] == "always":
+            total += row["total"] or 0
+            if budget is not None and total > budget:
+                over.append(name)
+    return {"budget": budget, "budget_source": budget_source, "in_use": in_use, "servers": rows,
+            "always_over_budget": over}
+
+
+def budget_for(gateway: Any, measurements: Mapping[str, Any]) -> tuple[int | None, str]:
+    """The budget in force and where it comes from."""
+    if gateway is not None and gateway.memory_budget is not None:
+        return int(gateway.memory_budget), "gateway.memory_budget"
+    working_set = measurements.get("recommended_working_set_bytes")
+    budget = default_budget(physical_memory(), working_set if isinstance(working_set, int) else None)
+    return budget, f"default: {int(BUDGET_FRACTION * 100)}% of physical memory" + (
+        " or MLX's recommended working set" if working_set else "")
+
+
+def render_table(table: Mapping[str, Any]) -> list[str]:
+    """The memory table as text lines (`veloxd status`, `veloxd plan`)."""
+    lines = [f"memory: budget {gib(table['budget'])} ({table['budget_source']}), "
+             f"in use {gib(table['in_use'])}"]
+    header = ("NAME", "START", "STATE", "NEED", "WEIGHTS", "KV/TOKEN", "CONTEXT", "CONCURRENCY")
+    rows = [header]
+    for name, row in table["servers"].items():
+        kv = f"{row['kv_bytes_per_token']:.0f} B" if row["kv_bytes_per_token"] is not None else "unmeasured"
+        rows.append((name, row["start"], row["state"], gib(row["total"]),
+                     f"{gib(row['weights_bytes'])} ({row['weights_source']})", kv, str(row["context_tokens"]),
+                     str(row["concurrency"])))
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    if table["always_over_budget"]:
+        lines.append("warning: servers with start: always do not fit the budget from "
+                     f"{table['always_over_budget'][0]} on: {', '.join(table['always_over_budget'])}")
+    return lines
+
+
+def offline_table(config: Any, state_dir: Path) -> dict[str, Any]:
+    """The memory table for a config outside the daemon (`check`, `plan`): remembered measurements, last states."""
+    try:
+        measurements = json.loads((Path(state_dir) / "measurements.json").read_text())
+    except (OSError, ValueError):
+        measurements = {}
+    measurements = measurements if isinstance(measurements, dict) else {}
+    try:
+        servers = json.loads((Path(state_dir) / "state.json").read_text()).get("servers") or {}
+    except (OSError, ValueError, AttributeError):
+        servers = {}
+    states = {n: s.get("state", "stopped") for n, s in servers.items() if isinstance(s, dict)}
+
+    def need(entry: Any) -> Need:
+        return entry_need(entry, measurements.get(measurement_key(entry.model, entry.method, entry.kv.bits)))
+
+    budget, source = budget_for(config.gateway, measurements)
+    return memory_table(config.servers, states, need, budget, source)
+
+
+def physical_memory() -> int | None:
+    import psutil
+
+    try:
+        return int(psutil.virtual_memory().total)
+    except (OSError, RuntimeError):
+        return None
+
+
+def default_budget(physical: int | None, recommended_working_set: int | None) -> int | None:
+    """BUDGET_FRACTION of physical memory, or MLX's recommended working set when that is smaller."""
+    candidates = [int(physical * BUDGET_FRACTION)] if physical else []
+    if recommended_working_set:
+        candidates.append(int(recommended_working_set))
+    return min(candidates) if candidates else None
+
+
+def gib(n: int | float | None) -> str:
+    """Bytes as people read them in a table: '1.50 GiB', '12.0 MiB'."""
+    if n is None:
+        return "?"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}" if unit == "GiB" else f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
