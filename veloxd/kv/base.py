@@ -142,7 +142,7 @@ class BatchCache:
 
     single_class: ClassVar[type]
 
-    def __init_subclass__(cls, batches: type | None = None, **kwargs: Any) -> None:
+    def __init_subclass__(cls, batches: type[Batchable] | None = None, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if batches is not None:
             cls.single_class = batches

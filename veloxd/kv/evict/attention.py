@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
+from typing import overload
 
 import mlx.core as mx
 
@@ -81,6 +82,27 @@ def attend(
     return out
 
 
+# With values, the attention output comes back too; with None, only the weights (out is None).
+@overload
+def received(
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    scale: float,
+    mask: str | MaskFn | None,
+    reduce: Reduce,
+    block: int = ...,
+) -> tuple[mx.array, mx.array]: ...
+@overload
+def received(
+    queries: mx.array,
+    keys: mx.array,
+    values: None,
+    scale: float,
+    mask: str | MaskFn | None,
+    reduce: Reduce,
+    block: int = ...,
+) -> tuple[None, mx.array]: ...
 def received(
     queries: mx.array,
     keys: mx.array,

@@ -9,13 +9,21 @@ scores. Padding is nothing but free slots (position EMPTY), so `finalize` needs 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import mlx.core as mx
 
 from veloxd.kv.base import BatchCache
 from veloxd.kv.evict import slots as store
 from veloxd.kv.evict.engine import EvictionCache
+
+# The batch mixin always sits in front of an EvictionCache subclass (`<Method>BatchCache(EvictionBatch,
+# <Method>Cache)`): the type checker sees that base, the runtime MRO stays (EvictionBatch, method class).
+if TYPE_CHECKING:
+    _MixedInto = EvictionCache
+else:
+    _MixedInto = object
 
 
 def stack_slots(parts: list[tuple[dict[str, mx.array], int]]) -> dict[str, mx.array]:
@@ -29,7 +37,7 @@ def stack_slots(parts: list[tuple[dict[str, mx.array], int]]) -> dict[str, mx.ar
     return {name: mx.concatenate([p[name] for p in padded], axis=0) for name in template}
 
 
-def stack_rows(parts: list[tuple[dict[str, mx.array], int]], fill: dict[str, int]) -> dict[str, mx.array]:
+def stack_rows(parts: list[tuple[dict[str, mx.array], int]], fill: Mapping[str, int]) -> dict[str, mx.array]:
     """Concatenate per-row arrays (no slot axis) along the batch axis; missing ones are `fill`."""
     template = next((d for d, _ in parts if d), None)
     if template is None:
@@ -40,8 +48,10 @@ def stack_rows(parts: list[tuple[dict[str, mx.array], int]], fill: dict[str, int
     }
 
 
-class EvictionBatch(BatchCache):
+class EvictionBatch(BatchCache, _MixedInto):
     """Mixed in front of a method class (see the module doc). Not persisted: rows are extracted."""
+
+    single_class: ClassVar[type[EvictionCache]]
 
     @property
     def offset(self) -> mx.array:
@@ -75,6 +85,7 @@ class EvictionBatch(BatchCache):
                 raise ValueError("left padding can only be added to an empty batch cache")
             self._left = [a + b for a, b in zip(self._left or [0] * len(self.offsets), left_padding)]
         if right_padding is not None and max(right_padding) > 0:
+            assert lengths is not None  # mlx_lm passes the lengths with the right padding
             self._real = list(lengths)
 
     def finalize(self) -> None:

@@ -54,6 +54,7 @@ class TOVACache(Batchable, EvictionCache):
             self._scores = None  # this step's weights are never kept past it
 
     def keep_priority(self, step: Step) -> mx.array:
+        assert self._scores is not None  # enforce asks only when a row is over budget, and then run_attention scored
         return self._scores
 
     def arrays(self) -> list[mx.array]:

@@ -154,15 +154,18 @@ def blockwise_attention(
             safe_max = mx.where(mx.isinf(new_max), 0.0, new_max)  # fully masked rows stay at 0
             p = mx.exp(s - safe_max)
             part = None if value_fn is None else value_fn(p.astype(queries.dtype), start, stop).astype(mx.float32)
-            if running_max is None:
+            if running_max is None or denom is None:  # the first block (it sets both)
                 denom, acc = p.sum(axis=-1, keepdims=True), part
             else:
                 correction = mx.exp(running_max - safe_max)
                 denom = denom * correction + p.sum(axis=-1, keepdims=True)
-                acc = None if part is None else acc * correction + part
+                if part is not None:
+                    assert acc is not None  # value_fn gave the first block's part too
+                    acc = acc * correction + part
             running_max = new_max
             mx.eval(*(a for a in (running_max, denom, acc) if a is not None))  # one block alive at a time
         if collect is not None and spans:
+            assert running_max is not None and denom is not None  # spans is not empty: the loop set them
             safe_max = mx.where(mx.isinf(running_max), 0.0, running_max)
             inv = 1.0 / mx.maximum(denom, 1e-30)
             for start, stop in spans:
@@ -170,7 +173,7 @@ def blockwise_attention(
                 probs = mx.exp(s - safe_max) * inv
                 collect(probs if keep is None else mx.where(keep, probs, 0.0), qs, qe, start, stop)
         if value_fn is not None:
-            if acc is None:  # nothing stored: attention over no key is zero
+            if acc is None or denom is None:  # nothing stored (no span): attention over no key is zero
                 raise ValueError("attention over an empty cache")
             outs.append(ungroup(acc / mx.maximum(denom, 1e-30)).astype(queries.dtype))
             if len(outs) > 1 or qe < L:

@@ -13,6 +13,8 @@ attribute named `bits` (mlx_lm's attention would take the cache for its own).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import mlx.core as mx
 
 from veloxd.kv.base import Batchable, LayerSpec, register_cache_class
@@ -34,17 +36,19 @@ def quantize_fp16(x: mx.array, group_size: int, bits: int) -> tuple[mx.array, mx
     return mx.quantize(x.astype(mx.float16), group_size=group_size, bits=bits)
 
 
-def dequantized(triple: tuple[mx.array, mx.array, mx.array], group_size: int, bits: int, dtype: mx.Dtype) -> mx.array:
+def dequantized(triple: Sequence[mx.array], group_size: int, bits: int, dtype: mx.Dtype) -> mx.array:
     """Dense values of an mx.quantize triple in `dtype` (scales upcast first, as quantized_matmul reads them)."""
     codes, scales, biases = triple
     return mx.dequantize(codes, scales.astype(dtype), biases.astype(dtype), group_size=group_size, bits=bits)
 
 
-def packed_matmul(x: mx.array, triple: tuple[mx.array, ...], transpose: bool, group_size: int, bits: int) -> mx.array:
+def packed_matmul(x: mx.array, triple: Sequence[mx.array], transpose: bool, group_size: int, bits: int) -> mx.array:
     """x [B, Hkv, R, L, K] times a packed [B, Hkv, n, ...] triple (broadcast over R), read packed or dense."""
     if x.shape[-3] * x.shape[-2] < DENSE_ROWS:
+        codes, scales, biases = triple
+
         def packed(rows: mx.array) -> mx.array:
-            return mx.quantized_matmul(rows, *triple, transpose=transpose, group_size=group_size, bits=bits)
+            return mx.quantized_matmul(rows, codes, scales, biases, transpose=transpose, group_size=group_size, bits=bits)
 
         return per_kv_head(x, packed)
     dense = dequantized(triple, group_size, bits, x.dtype)  # [B, Hkv, n, K or N]: one key block

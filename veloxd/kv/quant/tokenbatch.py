@@ -7,12 +7,12 @@ values. Every move that keeps data (filter, extract) copies it, so no view pins 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
 import mlx.core as mx
 from mlx_lm.models.base import create_causal_mask
 
-from veloxd.kv.base import BatchCache, LayerSpec, VeloxCache
+from veloxd.kv.base import BatchCache, LayerSpec, VeloxCache, int_list
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.ops import packing
 from veloxd.kv.quant.tokencache import STEP, TokenCodec, TokenQuantCache, attend_store
@@ -25,6 +25,7 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
     returns rows as.
     """
 
+    single_class: ClassVar[type[TokenQuantCache]]
     step = STEP
 
     def __init__(self, config: KVCacheConfig, layer: LayerSpec, left_padding: list[int]) -> None:
@@ -47,12 +48,14 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
         filled = [c for c in caches if c.store is not None and c.size() > 0]
         if not filled:
             return batch
-        template = filled[0]
-        batch.codec = template.codec
-        store = {n: packing.zeros_for(a, len(caches), longest) for n, a in template.store.items()}
+        template = filled[0].store
+        assert template is not None  # filled holds caches with a store
+        batch.codec = filled[0].codec
+        store = {n: packing.zeros_for(a, len(caches), longest) for n, a in template.items()}
         for row, (c, n) in enumerate(zip(caches, lengths)):
             if n == 0:
                 continue
+            assert c.store is not None  # a cache holding tokens has a store
             if next(iter(c.store.values())).shape[0] != 1:
                 raise ValueError("merge expects per-request caches with batch size 1")
             for name, a in c.store.items():
@@ -74,6 +77,7 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
         self.offset = self.offset + n_new
 
     def attend(self, queries: mx.array, scale: float, mask: Any) -> mx.array:
+        assert self.codec is not None and self.store is not None  # update_and_fetch appended first
         return attend_store(self.codec, self.store, self._idx, queries, scale, mask, self.block)
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None, **kwargs: Any) -> mx.array:
@@ -107,7 +111,7 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
         rows = mx.array(batch_indices)
         self.offset = self.offset[rows]
         self.left_padding = self.left_padding[rows]
-        shift = min(self.left_padding.tolist()) if len(batch_indices) else 0
+        shift = min(int_list(self.left_padding)) if len(batch_indices) else 0
         if self.store is not None:
             # one owned copy: selected rows, without the padding every row shares
             self.store = packing.owned_view(self.store, shift, packing.capacity(self.store), rows)
@@ -123,6 +127,7 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
             self._idx = max(self._idx, other._idx)
             return
         template = self.store if self.store is not None else other.store
+        assert template is not None  # not both None (returned above)
         longest = max(self._idx, other._idx)
         width = max(packing.capacity(self.store), packing.capacity(other.store), longest)
 
@@ -146,7 +151,7 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
         """Row `idx` as a per-request cache (owned copies, no padding)."""
         cache = self.single_class(self.config, self.layer)
         cache.codec = self.codec
-        padding = self.left_padding.tolist()[idx]
+        padding = int_list(self.left_padding)[idx]
         n = self._idx - padding
         if self.store is not None and n > 0:
             cache.store = packing.owned_view(self.store, padding, self._idx, slice(idx, idx + 1))
@@ -179,3 +184,7 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
         """Arrays to evaluate after each prefill chunk (batch caches are not persisted: extract rows)."""
         arrays = [] if self.store is None else [packing.tokens(a, 0, self._idx) for a in self.store.values()]
         return (*arrays, self.offset, self.left_padding)
+
+    @state.setter
+    def state(self, v: tuple) -> None:
+        raise AttributeError("TokenQuantBatchCache is not persisted: extract its rows")

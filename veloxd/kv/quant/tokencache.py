@@ -105,6 +105,7 @@ def attend_store(
         mask=mask,
         block=block,
     )
+    assert out is not None  # value_fn was given
     return codec.finish(out)
 
 
