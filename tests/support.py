@@ -119,7 +119,8 @@ def http_json(url: str, body: dict | None = None, headers: dict[str, str] | None
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"null")
+        with err:  # it holds the response's socket
+            return err.code, json.loads(err.read() or b"null")
 
 
 # Modules a light command (check, schema, status, ...) must never import: their absence, not a

@@ -50,7 +50,8 @@ def post(base: str, path: str, body: dict[str, Any] | bytes, headers: dict[str, 
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as err:
-        text = err.read()
+        with err:  # it holds the response's socket
+            text = err.read()
         try:
             return err.code, {**json.loads(text), "_headers": dict(err.headers)}
         except ValueError:

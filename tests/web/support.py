@@ -41,7 +41,8 @@ class Page:
             with urllib.request.urlopen(request, timeout=30) as response:
                 status, raw = response.status, response.read()
         except urllib.error.HTTPError as err:
-            status, raw = err.code, err.read()
+            with err:  # it holds the response's socket
+                status, raw = err.code, err.read()
         text = raw.decode()
         try:
             return status, json.loads(text)
