@@ -28,7 +28,7 @@ BROKEN = {
     "syntax": "version: 1\nservers:\n  coder: [1, 2\n",
     "tab": "version: 1\nservers:\n\tcoder: {}\n",
     "duplicate": VALID + "  coder: {model: ./model, port: 9, method: fp16}\n",
-    "semantic": VALID.replace("./model", "./no-such-model"),
+    "semantic": VALID.replace("method: kivi", "method: kivi\n    restart: {backoff_initial_s: 90}"),
     "empty": "",
 }
 
