@@ -6,7 +6,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from veloxd.config.errors import ConfigError, ConfigIssue, json_path, one_line
+from veloxd.config.errors import ConfigError, ConfigIssue, json_path, one_line, short_repr
 from veloxd.config.gateway import GATEWAY_NAME
 from veloxd.config.gateway_checks import check_gateway, check_routing, with_assigned_ports
 from veloxd.config.model import VERSION, Config, ServerEntry, dashboard_from_dict
@@ -129,5 +129,5 @@ def _kind(value: Any) -> str:
     if isinstance(value, list):
         return "a list"
     if isinstance(value, str):
-        return f"the string {value!r}" if len(value) < 40 else "a string"
-    return f"the value {value!r}"
+        return f"the string {short_repr(value)}"
+    return f"the value {short_repr(value)}"

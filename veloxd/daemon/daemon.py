@@ -226,9 +226,6 @@ class Daemon:
         if isinstance(outcome, Unchanged):
             self.log.info("config_unchanged", source=source, config_sha256=outcome.sha256)
             self.supervisor.recheck_waiting(now)  # the file is the same; the world may not be
-            if self.last_reload is not None and not self.last_reload.get("ok"):  # reverted to the applied bytes
-                self.last_reload = {"ok": True, "at": wall_clock(), "source": source,
-                                    "config_sha256": outcome.sha256, "unchanged": True}
             answer: dict[str, Any] = {"ok": True, "unchanged": True, "config_sha256": outcome.sha256}
         elif isinstance(outcome, Invalid):
             answer = self._rejected(outcome, source)

@@ -48,16 +48,15 @@ class ConfigSource:
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.accepted_sha256: str | None = None
+        self.accepted_sha256: str | None = None  # None also after a refusal: the next read loads
 
     def read(self) -> Outcome:
-        """Load the file unless its bytes are those of the config already applied."""
+        """Load the file unless its bytes are those of the config applied by the last read."""
         sha = file_sha256(self.path)
         if sha is not None and sha == self.accepted_sha256:
             return Unchanged(sha)
         outcome = self._load(sha)
-        if isinstance(outcome, Valid):
-            self.accepted_sha256 = outcome.config.sha256
+        self.accepted_sha256 = outcome.config.sha256 if isinstance(outcome, Valid) else None
         return outcome
 
     def _load(self, sha: str | None) -> Invalid | Valid:
