@@ -197,18 +197,23 @@ ERROR_LINE_MAX = 400
 
 
 def error_line(tail: Mapping[str, list[str]]) -> str | None:
-    """The worker's own account of why it exited: its last `veloxd serve: ...` line on stderr,
-    else the last line of a Python traceback (`SomeError: message`), else None."""
+    """The worker's own account of why it exited: its last `veloxd serve: ...` line on stderr, with
+    the exception it points at ("see the error above") when there is one; else the last line of a
+    Python traceback (`SomeError: message`); else None."""
     lines = [line.strip() for line in tail.get("stderr", []) if line.strip()]
     said = [line[len(WORKER_PREFIX):] for line in lines if line.startswith(WORKER_PREFIX)]
     said = [line for line in said if not line.startswith("warning:")]
+    raised = [line for line in lines if _is_exception_line(line)]
+    if said and raised and "see the error above" in said[-1]:
+        return _cap(f"{raised[-1]} ({said[-1]})")
     if said:
         return _cap(said[-1])
-    for line in reversed(lines):
-        head = line.split(":", 1)[0]
-        if head.endswith(("Error", "Exception")) and " " not in head:
-            return _cap(line)
-    return None
+    return _cap(raised[-1]) if raised else None
+
+
+def _is_exception_line(line: str) -> bool:
+    head = line.split(":", 1)[0]
+    return ":" in line and head.endswith(("Error", "Exception")) and " " not in head
 
 
 def _cap(text: str) -> str:
