@@ -114,3 +114,23 @@ def test_starting_worker_leaves_when_the_daemon_is_killed(tmp_path: Path) -> Non
         assert not h.events("server_ready")
     finally:
         h.cleanup()
+
+
+def test_a_refusal_is_not_cached_a_chmod_alone_gets_the_file_accepted(tmp_path: Path) -> None:
+    """Fault 1 (verdicts that depend on the world): a file refused because others can write it is
+    accepted once `chmod go-w` fixes it, with its bytes unchanged: the poll sees the mode change,
+    and `veloxd reload` re-reads a refused file rather than repeating a verdict cached by hash."""
+    h = DaemonHarness(tmp_path)
+    h.write({"solo": entry(free_port())})
+    h.config.chmod(0o666)
+    try:
+        h.start()
+        failed = h.wait_event("config_reload_failed")
+        assert any("writable by group and others" in line for line in failed["error_lines"])
+        again = h.cli("reload")
+        assert again.returncode == 1 and "writable by group and others" in again.stderr
+        h.config.chmod(0o644)
+        h.wait_states({"solo": "ready"})
+        assert h.events("config_reloaded") and h.cli("status").returncode == 0
+    finally:
+        h.cleanup()

@@ -49,7 +49,7 @@ class Spawner:
     def __init__(self) -> None:
         self.spawned: list[str] = []
 
-    def spawn(self, name: str, spawn_id: int, entry: Any) -> FakeChild:
+    def spawn(self, name: str, spawn_id: int, entry: Any) -> Any:
         self.spawned.append(name)
         return FakeChild(1000 + len(self.spawned))
 

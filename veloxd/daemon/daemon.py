@@ -258,6 +258,7 @@ class Daemon:
         self.supervisor.apply(plan, new.supervised(), now)
         self.ondemand.report_overcommit()
         self.dashboard.apply(new.dashboard, now)
+        self.supervisor.recheck_waiting(now)  # whatever the plan, the world may have changed too
         self.watcher.set_model_dirs(self.models.update(new.servers))
         self.last_reload = {"ok": True, "at": wall_clock(), "source": source, "config_sha256": new.sha256,
                             "plan": summary}

@@ -54,13 +54,17 @@ class Debounce:
         self._first = None
 
 
-def stat_signature(path: Path) -> tuple[int, int, int] | None:
-    """(inode, size, mtime_ns) of `path`, or None if it is missing: a cheap 'did it change'."""
+def stat_signature(path: Path) -> tuple[int, ...] | None:
+    """(inode, size, mtime_ns, mode, uid) of `path`, or None if it is missing: a cheap 'did it change'.
+
+    Mode and owner count: a refused file (writable by others) is fixed by a chmod that leaves
+    its bytes and mtime alone.
+    """
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode, st.st_uid)
 
 
 def model_fingerprint(directory: Path) -> tuple[Any, ...]:
