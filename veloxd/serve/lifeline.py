@@ -45,7 +45,10 @@ def watch_lifeline(fd: int, stopper: Stopper) -> None:
             pass
     except OSError:
         pass
-    threading.Timer(LIFELINE_GRACE_S, os._exit, args=(ExitCode.OK,)).start()  # loading, or a stop that hangs
+    if stopper.handle is None:  # still importing or loading: nothing to close cleanly, leave now
+        stopper.stop(ExitCode.OK, "the daemon's lifeline closed while starting; exiting")
+        os._exit(ExitCode.OK)
+    threading.Timer(LIFELINE_GRACE_S, os._exit, args=(ExitCode.OK,)).start()  # a clean stop that hangs
     stopper.stop(ExitCode.OK, "the daemon's lifeline closed; exiting")
 
 
