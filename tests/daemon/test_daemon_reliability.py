@@ -128,6 +128,17 @@ def test_5_fatal_entry_is_revived_when_its_model_directory_is_replaced(daemon: D
     restarted = [r for r in daemon.records()[mark:] if r["event"] == "model_changed" and r["restarted"]]
     assert restarted and "broken" in restarted[0]["restarted"]
 
+    # Writing into the moved-away old directory restarts nothing (it used to: the watch followed
+    # its inode). A later write into `late`'s directory is the yardstick: its model_changed comes
+    # after any the old directory could have caused (same debounce, later events).
+    daemon.wait_states({"broken": "ready", "late": "ready"}, timeout=LOAD_S)
+    mark = daemon.mark()
+    (broken.parent / "broken.old" / "model.safetensors").write_bytes(b"changed after it was moved away")
+    (daemon.models / "late" / "notes.txt").write_text("a new file in a served model directory")  # type: ignore[attr-defined]
+    daemon.wait_event("model_changed", after=mark, directory=str(daemon.models / "late"), timeout=60)  # type: ignore[attr-defined]
+    assert not [r for r in daemon.records()[mark:] if r["event"] == "model_changed" and "broken" in r["servers"]]
+    daemon.wait_states({"broken": "ready", "late": "ready"}, timeout=LOAD_S)
+
 
 def test_7_fatal_reason_is_the_workers_own_error_line(daemon: DaemonHarness) -> None:
     """Fault 7: `server_fatal` and `status` carry what the worker said, not only 'exit 2'."""

@@ -137,10 +137,13 @@ def matches(line: str, server: str | None) -> bool:
 
 def log_mismatch(state: dict[str, Any] | None, log_file: Path) -> str | None:
     """Why `log_file` is not what the running daemon writes, or None when it is (or no daemon runs)."""
+    alive = state is not None and daemon_alive(state)
     if not log_file.exists():
+        if not alive:
+            return f"{log_file} does not exist, and no daemon is running with this state directory"
         return (f"{log_file} does not exist (moved or deleted?); the daemon recreates it with its next "
                 "event, or at once on SIGHUP")
-    if state is None or not daemon_alive(state):
+    if state is None or not alive:
         return None
     daemon = state.get("daemon") or {}
     recorded, ident = daemon.get("log_file"), daemon.get("log_file_id")
