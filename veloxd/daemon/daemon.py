@@ -91,6 +91,7 @@ class Daemon:
             control_socket=str(self.control.path), worker_command=options.worker_command,
         )
         self._reload(time.monotonic(), "startup")
+        self._write_state(running=True)  # at once: `status` should not see the startup verdict late
         try:
             self._loop()
         finally:
