@@ -28,8 +28,8 @@ WORLD_CASES = [
     ("missing-adapter", entry("model: ./model\nport: 8081\nmethod: fp16\nadapter_path: adapters"),
      [(7, 19, "$.servers.coder.adapter_path", "adapter path {d}/adapters does not exist (yet)")]),
     ("unset-api-key-env", entry("model: ./model\nport: 8081\nmethod: fp16\napi_key_env: VELOXD_TEST_UNSET_VAR"),
-     [(7, 18, "$.servers.coder.api_key_env", "api_key_env VELOXD_TEST_UNSET_VAR is not set or empty in the "
-       "daemon's environment nor in the entry's env (the server would refuse every client)")]),
+     [(7, 18, "$.servers.coder.api_key_env", "api_key_env VELOXD_TEST_UNSET_VAR is not set (or empty) in the "
+       "environment or the entry's env (the server would refuse every client)")]),
 ]
 
 
