@@ -29,6 +29,7 @@ class Entry:
     ready_timeout_s: float = 60.0
     stop_timeout_s: float = 5.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
+    env: dict[str, str] = field(default_factory=dict)
 
 
 class FakeChild:
