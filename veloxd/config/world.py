@@ -79,12 +79,14 @@ def entry_conditions(entry: Any, environ: Mapping[str, str] | None = None, *, po
     """
     environ = os.environ if environ is None else environ
     found: list[Condition] = []
-    model = local_path(entry.model)
+    model = local_path(entry.model) if entry.model else None  # the dashboard's entry has no model
     if model is not None and (problem := model_problem(model)):
         found.append(Condition("model_path", ("model",), problem))
-    if entry.adapter_path and (problem := adapter_problem(Path(entry.adapter_path))):
+    adapter = getattr(entry, "adapter_path", None)
+    if adapter and (problem := adapter_problem(Path(adapter))):
         found.append(Condition("adapter_path", ("adapter_path",), problem))
-    if entry.api_key_env and (problem := env_problem(entry.api_key_env, entry.env, environ)):
+    api_key_env = getattr(entry, "api_key_env", None)
+    if api_key_env and (problem := env_problem(api_key_env, getattr(entry, "env", {}), environ)):
         found.append(Condition("env", ("api_key_env",), problem))
     if ports and (problem := port_problem(entry.host, entry.port)):
         found.append(Condition("port", ("port",), problem))
@@ -93,7 +95,7 @@ def entry_conditions(entry: Any, environ: Mapping[str, str] | None = None, *, po
 
 def watched_paths(entry: Any) -> list[Path]:
     """The local paths an entry loads from (model, adapter): their appearance can clear a condition."""
-    paths = [local_path(entry.model)]
-    if entry.adapter_path:
+    paths = [local_path(entry.model) if entry.model else None]
+    if getattr(entry, "adapter_path", None):
         paths.append(Path(entry.adapter_path))
     return [p for p in paths if p is not None]
