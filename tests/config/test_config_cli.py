@@ -28,7 +28,7 @@ BROKEN = {
     "syntax": "version: 1\nservers:\n  coder: [1, 2\n",
     "tab": "version: 1\nservers:\n\tcoder: {}\n",
     "duplicate": VALID + "  coder: {model: ./model, port: 9, method: fp16}\n",
-    "semantic": VALID.replace("./model", "./no-such-model"),
+    "semantic": VALID.replace("method: kivi", "method: kivi\n    restart: {backoff_initial_s: 90}"),
     "empty": "",
 }
 
@@ -67,6 +67,22 @@ def test_check_json_output(tmp_path: Path) -> None:
     answer = json.loads(done.stdout)
     assert done.returncode == 0 and answer["valid"] is True and answer["errors"] == []
     assert [w.split(": warning: ")[1][:13] for w in answer["warnings"]] == ["server chat: "]
+
+
+def test_check_reports_conditions_of_the_world_as_warnings_exit_0_unless_strict(tmp_path: Path) -> None:
+    """A model directory that does not exist yet makes that entry wait in the daemon: the file is valid,
+    `check` says so with a located warning and exits 0; --strict exits 1; --json lists it."""
+    path = write_config(tmp_path, VALID.replace("./model", "./not-downloaded-yet"))
+    done = veloxd("check", str(path))
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith(f"{path}: valid; 2 servers")
+    [line] = [line for line in done.stderr.splitlines() if "server chat:" not in line]  # chat: not downloaded
+    match = LINE.match(line)
+    assert match and match["path"] == "$.servers.coder.model" and (match["line"], match["col"]) == ("4", "12")
+    assert match["message"].startswith(f"warning: model path {tmp_path}/not-downloaded-yet does not exist (yet)")
+    assert veloxd("check", "--strict", str(path)).returncode == 1
+    report = json.loads(veloxd("check", "--json", str(path)).stdout)
+    assert report["valid"] and report["errors"] == [] and report["warnings"][0] == line
 
 
 def test_check_unreadable_and_usage_errors_exit_2(tmp_path: Path) -> None:

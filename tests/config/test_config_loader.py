@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.config_support import FIELD_CASES, VALID, entry, issues, model_dir, write_config
-from veloxd.config import ConfigError, ServerEntry, load_config
+from veloxd.config import ConfigError, ServerEntry, inspect_config, load_config
 from veloxd.kv.config import KVCacheConfig
 
 
@@ -17,18 +17,36 @@ def test_field_level_mistakes(tmp_path: Path, text: str, expected: list) -> None
     assert issues(write_config(tmp_path, text, dedent=False)) == expected
 
 
-SEMANTIC_CASES = [
+WORLD_CASES = [
     ("missing-local-model", entry("model: ./nope\nport: 8081\nmethod: fp16"),
-     [(4, 12, "$.servers.coder.model", "model path {d}/nope does not exist")]),
-    ("neither-path-nor-hf-id", entry("model: just-a-name\nport: 8081\nmethod: fp16"),
-     [(4, 12, "$.servers.coder.model", "model 'just-a-name' is neither an existing directory ({d}/just-a-name) "
-       "nor a Hugging Face id like 'mlx-community/Qwen2.5-7B-Instruct-4bit'")]),
+     [(4, 12, "$.servers.coder.model", "model path {d}/nope does not exist (yet)")]),
     ("model-is-a-file", entry("model: veloxd.yaml\nport: 8081\nmethod: fp16"),
      [(4, 12, "$.servers.coder.model", "model path {d}/veloxd.yaml is a file; expected an MLX model directory")]),
     ("model-dir-without-config", entry("model: empty\nport: 8081\nmethod: fp16"),
-     [(4, 12, "$.servers.coder.model", "model directory {d}/empty has no config.json (not an MLX model directory)")]),
+     [(4, 12, "$.servers.coder.model", "model directory {d}/empty has no config.json (not an MLX model "
+       "directory, or still being copied)")]),
     ("missing-adapter", entry("model: ./model\nport: 8081\nmethod: fp16\nadapter_path: adapters"),
-     [(7, 19, "$.servers.coder.adapter_path", "adapter path {d}/adapters does not exist")]),
+     [(7, 19, "$.servers.coder.adapter_path", "adapter path {d}/adapters does not exist (yet)")]),
+    ("unset-api-key-env", entry("model: ./model\nport: 8081\nmethod: fp16\napi_key_env: VELOXD_TEST_UNSET_VAR"),
+     [(7, 18, "$.servers.coder.api_key_env", "api_key_env VELOXD_TEST_UNSET_VAR is not set (or empty) in the "
+       "environment or the entry's env (the server would refuse every client)")]),
+]
+
+
+@pytest.mark.parametrize(("text", "expected"), [c[1:] for c in WORLD_CASES], ids=[c[0] for c in WORLD_CASES])
+def test_conditions_of_the_world_are_located_warnings_not_errors(tmp_path: Path, text: str, expected: list) -> None:
+    """The file is valid (every entry is built); what the world lacks right now is a warning."""
+    (tmp_path / "empty").mkdir()
+    result = inspect_config(write_config(tmp_path, text, dedent=False))
+    assert result.config is not None and not result.issues and list(result.config.servers) == ["coder"]
+    found = [(w.line, w.column, w.path, w.message) for w in result.warnings]
+    assert found == [(line, col, path, message.format(d=tmp_path)) for line, col, path, message in expected]
+
+
+SEMANTIC_CASES = [
+    ("neither-path-nor-hf-id", entry("model: just-a-name\nport: 8081\nmethod: fp16"),
+     [(4, 12, "$.servers.coder.model", "model 'just-a-name' is neither an existing directory ({d}/just-a-name) "
+       "nor a Hugging Face id like 'mlx-community/Qwen2.5-7B-Instruct-4bit'")]),
     ("exposed-without-token", entry("model: ./model\nport: 8081\nhost: 0.0.0.0\nmethod: fp16"),
      [(6, 11, "$.servers.coder.host", "host 0.0.0.0 exposes the server beyond this machine: set api_key_env "
        "(clients then need a bearer token) or, deliberately, allow_unauthenticated: true")]),
@@ -103,16 +121,15 @@ def test_all_errors_at_once_sorted_by_line(tmp_path: Path) -> None:
         """
     found = issues(write_config(tmp_path, text))
     assert [(line, path) for line, _, path, _ in found] == [
-        (4, "$.servers.b.model"),
         (7, "$.servers.b.overrides.kivi_group_size"),
         (10, "$.servers.a.port"),
         (11, "$.servers.a.method"),
     ]
     with pytest.raises(ConfigError) as caught:
         load_config(tmp_path / "veloxd.yaml")
-    assert [i.line for i in caught.value.issues] == [4, 7, 10, 11] and not caught.value.unreadable
-    assert str(caught.value).splitlines()[0] == (
-        f"{tmp_path}/veloxd.yaml:4:12: model path {tmp_path}/missing does not exist (at $.servers.b.model)")
+    assert [i.line for i in caught.value.issues] == [7, 10, 11] and not caught.value.unreadable
+    assert str(caught.value).splitlines()[1] == (
+        f"{tmp_path}/veloxd.yaml:10:11: 127.0.0.1:8081 is already used by server 'b' (at $.servers.a.port)")
 
 
 def test_valid_file_defaults_and_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

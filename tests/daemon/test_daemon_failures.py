@@ -113,18 +113,27 @@ def test_worker_echoing_another_kv_config_is_refused(start_daemon) -> None:
     assert len(daemon.events("server_starting", server="skewed")) == 1  # refused once, never retried
 
 
-def test_port_held_by_another_process_is_fatal_naming_the_port(start_daemon) -> None:
-    """The pre-flight check refuses to spawn; the reason names the port and its holder."""
+def test_port_held_by_another_process_waits_naming_the_port_then_starts_once_freed(start_daemon) -> None:
+    """A port held by someone else is a fact of the world, not of the file: only that entry WAITS
+    (no worker spawned, the reason names the port), and it starts by itself once the port is free."""
     held = socket.socket()  # somebody else's listener on the entry's port
     held.bind(("127.0.0.1", 0))
     held.listen()
     port = held.getsockname()[1]
-    daemon = start_daemon(squatted=entry(port))
-    fatal = daemon.wait_event("server_fatal", server="squatted")
-    assert f"port {port} on 127.0.0.1 is already in use" in fatal["reason"]
-    assert not [r for r in daemon.events("server_starting", server="squatted") if r.get("pid")]
-    assert "already in use" in daemon.cli("status").stdout
-    held.close()
+    try:
+        daemon = start_daemon("crashy", squatted=entry(port))
+        waiting = daemon.wait_event("server_waiting", server="squatted")
+        assert f"port {port} on 127.0.0.1 is already in use" in waiting["reason"]
+        assert waiting["conditions"][0]["kind"] == "port"
+        daemon.wait_states({"crashy": "ready", "squatted": "waiting"})
+        assert not [r for r in daemon.events("server_starting", server="squatted") if r.get("pid")]
+        status = daemon.cli("status")
+        assert f"squatted: waiting: port {port} on 127.0.0.1 is already in use" in status.stdout
+        assert status.returncode == 3  # running, but not every server is ready
+    finally:
+        held.close()
+    daemon.wait_states({"squatted": "ready"}, timeout=90)  # the recheck schedule is capped at 30 s
+    assert not daemon.events("server_fatal", server="squatted")
 
 
 def test_worker_that_never_gets_ready_is_killed_and_backs_off(start_daemon) -> None:

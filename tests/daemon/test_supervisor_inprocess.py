@@ -318,7 +318,9 @@ def test_removed_entry_is_stopped_and_dropped(supervisor, spawner) -> None:
     assert set(supervisor.servers) == {"a"}
 
 
-def test_a_port_taken_by_a_stranger_is_fatal_without_spawning(supervisor, spawner) -> None:
+def test_a_port_taken_by_a_stranger_waits_without_spawning_then_starts_once_free(supervisor, spawner) -> None:
+    """A port held by someone else is a condition of the world: WAITING (no spawn, the reason names
+    the port), looked at again on the recheck schedule, STARTING once the port is free."""
     import socket
 
     holder = socket.socket()
@@ -328,7 +330,10 @@ def test_a_port_taken_by_a_stranger_is_fatal_without_spawning(supervisor, spawne
         a = make_entry("a", holder.getsockname()[1])
         supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
         server = supervisor.servers["a"]
-        assert server.state is S.FATAL and spawner.children == []
-        assert server.fatal_reason is not None and str(a.port) in server.fatal_reason
+        assert server.state is S.WAITING and spawner.children == []
+        assert server.fatal_reason is None and str(a.port) in server.snapshot()["waiting_reason"]
+        assert supervisor.next_deadline() == 1.0
     finally:
         holder.close()
+    supervisor.tick(1.0)
+    assert server.state is S.STARTING and len(spawner.children) == 1

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from veloxd.serve.worker import Stopper, watch_lifeline
+from veloxd.serve.lifeline import Stopper, watch_lifeline
 
 rank, (leaving, code), marks = int(os.environ["MLX_RANK"]), map(int, sys.argv[1:3]), Path(sys.argv[3])
 print(f"pid {os.getpid()}", flush=True)

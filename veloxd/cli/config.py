@@ -18,9 +18,13 @@ _DEFAULT = "default: $VELOXD_CONFIG, else ~/.config/veloxd/veloxd.yaml"
 def register(sub: Any) -> None:
     check = sub.add_parser("check", help="validate a config file (exit 0 valid, 1 invalid, 2 unreadable)",
                            description="Validate a veloxd.yaml. Errors go to stderr, one per line, as "
-                           "FILE:LINE:COL: message (at $.json.path). Exit 0 valid, 1 invalid, 2 unreadable.")
+                           "FILE:LINE:COL: message (at $.json.path). Conditions of the world that make an entry "
+                           "wait in the daemon (a model path that does not exist yet, an unset api_key_env "
+                           "variable) are warnings, in the same form. Exit 0 valid (warnings or not; 1 with "
+                           "--strict when there are warnings), 1 invalid, 2 unreadable.")
     check.add_argument("file", nargs="?", metavar="FILE", help=f"config file ({_DEFAULT})")
-    check.add_argument("--json", action="store_true", help="print {valid, errors: [...]} on stdout")
+    check.add_argument("--json", action="store_true", help="print {valid, errors: [...], warnings: [...]} on stdout")
+    check.add_argument("--strict", action="store_true", help="exit 1 when there are warnings too")
     check.add_argument("--effective", action="store_true",
                        help="when valid, print the config as the daemon sees it: defaults filled in, paths resolved")
     check.set_defaults(func=run_check)
@@ -48,7 +52,8 @@ def run_check(args: argparse.Namespace) -> int:
     path = args.file or str(default_config_path())
     result = inspect_config(path)
     valid = result.config is not None
-    warnings = _not_downloaded(path, result.config) if result.config is not None else []
+    warnings = [_warning_line(w) for w in result.warnings]
+    warnings += _not_downloaded(path, result.config) if result.config is not None else []
     if args.json:
         print(json.dumps({"valid": valid, "errors": [i.to_dict() for i in result.issues], "warnings": warnings},
                          indent=2))
@@ -70,8 +75,14 @@ def run_check(args: argparse.Namespace) -> int:
         for issue in result.issues:
             print(issue, file=sys.stderr)
     if valid:
-        return EXIT_VALID
+        return EXIT_INVALID if args.strict and warnings else EXIT_VALID
     return EXIT_UNREADABLE if result.unreadable else EXIT_INVALID
+
+
+def _warning_line(issue: Any) -> str:
+    """A condition of the world (veloxd.config.world), located like an error but only a warning."""
+    return (f"{issue.file}:{issue.line}:{issue.column}: warning: {issue.message}; the daemon keeps this server "
+            f"waiting until that changes (at {issue.path})")
 
 
 def _not_downloaded(path: str, config: Any) -> list[str]:
@@ -117,7 +128,7 @@ def run_plan(args: argparse.Namespace) -> int:
     except (OSError, ValueError, KeyError, TypeError) as err:
         print(f"veloxd plan: cannot read the daemon state in {state_dir}: {err}", file=sys.stderr)
         return EXIT_UNREADABLE
-    plan = diff(current, result.config)
+    plan = diff(current, _redacted(result.config) if current is not None else result.config)
     dashboard = _dashboard_change(current.dashboard if current is not None else None, result.config.dashboard)
     if args.json:
         print(json.dumps({"file": path, "against": against, **plan.to_dict(), "dashboard": dashboard}, indent=2))
@@ -160,6 +171,14 @@ def _dashboard_change(old: Any, new: Any) -> str | None:
     if new is None:
         return "stop"
     return "unchanged" if old == new else "restart"
+
+
+def _redacted(config: Any) -> Any:
+    """The file's config with secrets redacted as the state file has them, so they compare equal."""
+    from veloxd.config.model import config_from_dict, config_to_dict
+    from veloxd.config.secrets import redact_config
+
+    return config_from_dict(redact_config(config_to_dict(config)))
 
 
 def _applied_config(state_dir: Path) -> tuple[Any, str]:

@@ -49,7 +49,13 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.set_defaults(func=run)
 
-    p = sub.add_parser("status", help="state of the daemon and of each server (and launchd's view)")
+    p = sub.add_parser(
+        "status",
+        help="state of the daemon and of each server (and launchd's view)",
+        description="Exit status: 0 the daemon runs and every server is ready; 1 the daemon is not running "
+        "(or never ran); 3 it runs, but a server is not ready (starting, waiting, backoff, fatal), no valid "
+        "config was ever loaded, or the last reload was refused.",
+    )
     p.add_argument("--json", action="store_true", help="print the state file as JSON")
     p.add_argument("--label", default=DEFAULT_LABEL, help=f"launchd label to report on (default {DEFAULT_LABEL})")
     _state_dir_arg(p)
@@ -85,18 +91,18 @@ def run(args: argparse.Namespace) -> int:
     from veloxd.daemon.daemon import Daemon, RunOptions
     from veloxd.daemon.logs import configure_logging
     from veloxd.daemon.process import default_worker_command
-    from veloxd.daemon.statefile import AlreadyRunning, acquire_lock, ensure_state_dir
+    from veloxd.daemon.statefile import AlreadyRunning, StartupError, acquire_lock, ensure_state_dir
 
     config = (args.config or paths.default_config_path()).expanduser().absolute()
     log_file = (args.log_file or paths.default_log_file()).expanduser().absolute()
-    state_dir = ensure_state_dir(_state_dir(args).absolute())
     worker = shlex.split(args.worker_command) if args.worker_command else default_worker_command()
     if not worker:
         print("veloxd run: error: --worker-command is empty", file=sys.stderr)
         return 2
     try:
+        state_dir = ensure_state_dir(_state_dir(args).absolute())
         lock = acquire_lock(state_dir)
-    except AlreadyRunning as err:
+    except (AlreadyRunning, StartupError) as err:
         print(f"veloxd run: error: {err}", file=sys.stderr)
         return 1
     try:
@@ -107,13 +113,16 @@ def run(args: argparse.Namespace) -> int:
         return 1
     try:
         return Daemon(RunOptions(config, log_file, state_dir, worker)).run()
+    except StartupError as err:
+        print(f"veloxd run: error: {err}", file=sys.stderr)
+        return 1
     finally:
         lock.close()
 
 
 def status(args: argparse.Namespace) -> int:
     from veloxd.daemon.statefile import read_state
-    from veloxd.daemon.views import daemon_alive, render_status
+    from veloxd.daemon.views import daemon_alive, render_status, status_code
     from veloxd.service.launchctl import format_status, launchd_status
 
     # launchd first: a daemon that crashes at start under launchd never writes a state file.
@@ -122,14 +131,14 @@ def status(args: argparse.Namespace) -> int:
     if args.json:
         alive = daemon_alive(state) if state is not None else False
         print(json.dumps({**(state or {}), "daemon_alive": alive, "launchd": launchd}, indent=2))
-        return 0 if alive else 1
+        return status_code(state)
     if launchd is not None:
         print(format_status(launchd))
     if state is None:
         print(f"veloxd status: no state file in {_state_dir(args)} (the daemon has not run)", file=sys.stderr)
-        return 1
+        return status_code(state)
     print(render_status(state))
-    return 0 if daemon_alive(state) else 1
+    return status_code(state)
 
 
 def _ask(args: argparse.Namespace, payload: dict, command: str) -> dict | None:
@@ -149,7 +158,11 @@ def reload(args: argparse.Namespace) -> int:
     if answer.get("errors"):
         for line in answer["errors"]:
             print(line, file=sys.stderr)
-        print("veloxd reload: the config is invalid; every server keeps running on the last good one", file=sys.stderr)
+        if answer.get("kept_config_sha256"):
+            print("veloxd reload: the config is invalid; every server keeps running on the last good one",
+                  file=sys.stderr)
+        else:
+            print("veloxd reload: the config is invalid, and none was valid before: no server runs", file=sys.stderr)
         return 1
     if not answer.get("ok"):
         print(f"veloxd reload: error: {answer.get('error')}", file=sys.stderr)
@@ -178,19 +191,30 @@ def logs(args: argparse.Namespace) -> int:
     from collections import deque
 
     from veloxd.daemon.statefile import read_state
-    from veloxd.daemon.views import follow, read_lines
+    from veloxd.daemon.views import follow, log_mismatch, read_lines
 
-    recorded = ((read_state(_state_dir(args)) or {}).get("daemon") or {}).get("log_file")
+    state = read_state(_state_dir(args))
+    recorded = ((state or {}).get("daemon") or {}).get("log_file")
     log_file = (args.log_file or (Path(recorded) if recorded else paths.default_log_file())).expanduser()
+    problem = log_mismatch(state, log_file)
+    if problem is not None:
+        print(f"veloxd logs: {problem}", file=sys.stderr)
+        if not log_file.exists():
+            return 1
     lines = read_lines(log_file, args.server)
     out = cast(TextIO, _PrettyOut(sys.stdout)) if args.pretty else sys.stdout
+    printed = 0
     try:
         for line in deque(lines, maxlen=args.lines) if args.lines is not None else lines:
             out.write(line + "\n")
+            printed += 1
         out.flush()
+        if not printed and not args.follow:
+            who = f" for server {args.server!r}" if args.server else ""
+            print(f"veloxd logs: no lines{who} in {log_file}", file=sys.stderr)
         if args.follow:
             follow(log_file, args.server, out)
-    except (KeyboardInterrupt, BrokenPipeError):
+    except KeyboardInterrupt:
         return 0
     return 0
 

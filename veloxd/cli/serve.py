@@ -58,8 +58,11 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from veloxd.serve.lifeline import Stopper, start_watch
     from veloxd.serve.options import UsageError, build_options
 
+    stopper = Stopper()
+    start_watch(args.lifeline_fd, stopper)  # first: a daemon dying during import or load ends us too
     try:
         options = build_options(args)
     except UsageError as err:
@@ -69,7 +72,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"veloxd serve: warning: {warning}", file=sys.stderr)
     from veloxd.serve.worker import serve  # imports mlx: only after validation
 
-    code = serve(options)
+    code = serve(options, stopper)
     # Leave without interpreter teardown: MLX's C++ stream threads abort ("terminate called
     # without an active exception") when static destructors run after a served request.
     sys.stdout.flush()

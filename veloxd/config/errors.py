@@ -55,3 +55,13 @@ def one_line(text: str, limit: int = 1000) -> str:
     """Collapse whitespace and cap the length (generous: a message names paths, which may be long)."""
     flat = " ".join(str(text).split())
     return flat if len(flat) <= limit else flat[: limit - 3] + "..."
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """repr() for messages, never longer than about `limit`: a huge value must not become a huge message."""
+    if isinstance(value, str) and len(value) > limit:
+        return repr(value[:limit]) + f"... ({len(value)} characters)"
+    if isinstance(value, (list, dict)) and len(value) > 8:
+        return f"a {'list' if isinstance(value, list) else 'mapping'} of {len(value)} items"
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit] + "..."

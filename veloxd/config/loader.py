@@ -6,13 +6,14 @@ import os
 from dataclasses import dataclass, field
 from typing import Any
 
-from veloxd.config.errors import ConfigError, ConfigIssue, json_path, one_line
+from veloxd.config.errors import ConfigError, ConfigIssue, json_path, one_line, short_repr
 from veloxd.config.gateway import GATEWAY_NAME
 from veloxd.config.gateway_checks import check_gateway, check_routing, with_assigned_ports
 from veloxd.config.model import VERSION, Config, ServerEntry, dashboard_from_dict
 from veloxd.config.semantic import check_dashboard, check_entry, endpoint_conflicts
 from veloxd.config.source import SourceProblem, read_source
 from veloxd.config.validate import locate, schema_issues
+from veloxd.config.world import entry_conditions
 from veloxd.config.yaml_nodes import YamlProblem, parse
 from veloxd.distributed.checks import port_conflicts
 
@@ -24,6 +25,9 @@ class Inspection:
     config: Config | None
     issues: list[ConfigIssue] = field(default_factory=list)
     unreadable: bool = False
+    # Conditions of the world (a model path that does not exist yet...): the file is valid, and
+    # the daemon makes only the entry concerned wait (veloxd.config.world).
+    warnings: list[ConfigIssue] = field(default_factory=list)
 
 
 def load_config(path: str | os.PathLike) -> Config:
@@ -94,12 +98,19 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
         dashboard = dashboard_from_dict(raw_dashboard)
     if issues:
         return _invalid(issues)
-    return Inspection(Config(version=VERSION, servers=with_assigned_ports(servers, gateway), source=str(source.path),
-                             sha256=source.sha256, dashboard=dashboard, gateway=gateway))
+    warnings = [locate(file, spans, ("servers", name) + condition.path, condition.message)
+                for name, entry in servers.items() for condition in entry_conditions(entry, ports=False)]
+    config = Config(version=VERSION, servers=with_assigned_ports(servers, gateway), source=str(source.path),
+                    sha256=source.sha256, dashboard=dashboard, gateway=gateway)
+    return Inspection(config, warnings=_sorted(warnings))
 
 
 def _invalid(issues: list[ConfigIssue]) -> Inspection:
-    return Inspection(None, sorted(set(issues), key=lambda i: (i.line, i.column, i.path, i.message)))
+    return Inspection(None, _sorted(issues))
+
+
+def _sorted(issues: list[ConfigIssue]) -> list[ConfigIssue]:
+    return sorted(set(issues), key=lambda i: (i.line, i.column, i.path, i.message))
 
 
 def _endpoints(raw_servers: dict[str, Any]) -> dict[str, tuple[str, int]]:
@@ -118,5 +129,5 @@ def _kind(value: Any) -> str:
     if isinstance(value, list):
         return "a list"
     if isinstance(value, str):
-        return f"the string {value!r}" if len(value) < 40 else "a string"
-    return f"the value {value!r}"
+        return f"the string {short_repr(value)}"
+    return f"the value {short_repr(value)}"

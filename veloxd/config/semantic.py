@@ -32,7 +32,7 @@ def check_entry(name: str, raw: dict[str, Any], base_dir: Path,
     if "model" in data and "model" not in bad_keys:
         data["model"] = _resolve_model(data["model"], base_dir, report)
     if data.get("adapter_path") is not None and "adapter_path" not in bad_keys:
-        data["adapter_path"] = _resolve_adapter(data["adapter_path"], base_dir, report)
+        data["adapter_path"] = _resolve_path(data["adapter_path"], base_dir)
     if not bad_keys & {"host", "api_key_env", "allow_unauthenticated"}:
         _check_host(data, report)
     if "restart" not in bad_keys:
@@ -98,20 +98,19 @@ def _same_address(a: str, b: str) -> bool:
 
 
 def _resolve_model(text: str, base_dir: Path, report: Report) -> str:
-    """Local directory (absolute, normalised) or Hugging Face id, as mlx_lm decides: an existing path wins."""
+    """Local directory (absolute, normalised) or Hugging Face id, as mlx_lm decides: an existing path wins.
+
+    Whether a local path exists (or holds a model yet) is a fact of the world, not of the file:
+    veloxd.config.world reports it, and the daemon makes only that entry wait.
+    """
     ref = resolve_model(text, base_dir)
-    if ref.problem:
+    if ref.problem and not ref.local:  # neither a path nor a well-formed id: the file is wrong
         report(("model",), ref.problem)
     return ref.value
 
 
-def _resolve_adapter(text: str, base_dir: Path, report: Report) -> str:
-    local = Path(os.path.normpath(base_dir / os.path.expanduser(text)))
-    if not local.exists():
-        report(("adapter_path",), f"adapter path {local} does not exist")
-    elif not local.is_dir():
-        report(("adapter_path",), f"adapter path {local} is not a directory")
-    return str(local)
+def _resolve_path(text: str, base_dir: Path) -> str:
+    return str(Path(os.path.normpath(base_dir / os.path.expanduser(text))))
 
 
 def _check_backoff(restart: dict[str, Any], report: Report) -> None:

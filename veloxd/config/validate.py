@@ -10,7 +10,7 @@ from jsonschema import Draft7Validator
 from jsonschema.exceptions import ValidationError
 
 from veloxd.checks import SIZE_HELP, SIZE_PATTERN, did_you_mean
-from veloxd.config.errors import ConfigIssue, json_path, one_line
+from veloxd.config.errors import ConfigIssue, json_path, one_line, short_repr
 from veloxd.config.model import VERSION
 from veloxd.config.schema import default_schema
 from veloxd.config.yaml_nodes import Span
@@ -158,27 +158,27 @@ def _value_message(err: ValidationError, path: tuple, value: Any, data: Any) -> 
                f"(valid: {', '.join(registry.names())})"
     if kind == "enum" and key == "bits" and len(path) == 3:
         if method and registry.get(method).bits_choices:
-            return f"bits={value!r} is not valid for method {method}; choose one of {list(registry.get(method).bits_choices)}"
+            return f"bits={short_repr(value)} is not valid for method {method}; choose one of {list(registry.get(method).bits_choices)}"
         choices = [c for c in rule if c is not None]
-        return f"bits={value!r} is not valid; choose one of {choices}"
+        return f"bits={short_repr(value)} is not valid; choose one of {choices}"
     if kind == "enum":
-        return f"{label}={value!r}{for_method}: choose one of {[c for c in rule if c is not None]}"
+        return f"{label}={short_repr(value)}{for_method}: choose one of {[c for c in rule if c is not None]}"
     if kind == "const" and path == ("version",):
-        shown = repr(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else _describe(value)
+        shown = short_repr(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else _describe(value)
         return f"unsupported version {shown}; this veloxd reads version {VERSION}"
     if kind == "type":
         return _type_message(label, path, value, rule)
     bounds = {"minimum": ">=", "maximum": "<=", "exclusiveMinimum": ">", "exclusiveMaximum": "<"}
     if kind in bounds:
-        return f"{label}={value!r}{for_method}: must be {bounds[kind]} {rule}"
+        return f"{label}={short_repr(value)}{for_method}: must be {bounds[kind]} {rule}"
     if kind == "pattern":
         if err.validator_value == SIZE_PATTERN:
-            return f"{label}={value!r} is not a size; use {SIZE_HELP}"
+            return f"{label}={short_repr(value)} is not a size; use {SIZE_HELP}"
         if key == "api_key_env":
-            return f"api_key_env={value!r} is not an environment variable name (letters, digits and '_')"
+            return f"api_key_env={short_repr(value)} is not an environment variable name (letters, digits and '_')"
         if key == "host":
-            return f"host={value!r} is not a host name or IP address"
-        return f"{label}={value!r} does not match {rule}"
+            return f"host={short_repr(value)} is not a host name or IP address"
+        return f"{label}={short_repr(value)} does not match {rule}"
     if kind == "minLength":
         return f"{label} must not be empty"
     if kind == "maxLength":
@@ -207,5 +207,5 @@ def _describe(value: Any) -> str:
     if isinstance(value, (int, float)):
         return f"the number {value}"
     if isinstance(value, str):
-        return f"the string {value!r}"
+        return f"the string {short_repr(value)}"
     return "a list" if isinstance(value, list) else "a mapping"

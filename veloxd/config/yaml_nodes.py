@@ -3,7 +3,8 @@
 Scalars follow the YAML 1.2 core schema, as editors do: only true/false are booleans, so
 `yes`, `on` and `no` stay strings (a boolean key given `yes` is an error, never a silent
 conversion). Duplicate keys are errors. Aliases are expanded with a node budget and a
-nesting limit, so alias bombs and deep nesting stop with a located error. `<<` merge keys work.
+nesting limit, and the total characters of expanded scalars are bounded too, so alias bombs
+(by count or by size) and deep nesting stop with a located error. `<<` merge keys work.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from yaml.resolver import BaseResolver
 from yaml.scanner import Scanner
 
 MAX_NODES = 100_000  # values after alias expansion; a real veloxd.yaml has a few hundred
+# Characters of scalars after alias expansion: a file is at most 1 MiB, so a document that grows
+# past 4 Mi characters by aliasing big strings is a bomb by size (few values, huge ones).
+MAX_CHARS = 4 << 20
 MAX_DEPTH = 64
 
 _TAG = "tag:yaml.org,2002:"
@@ -138,6 +142,7 @@ class _Converter:
     def __init__(self, parsed: Parsed) -> None:
         self.parsed = parsed
         self.count = 0
+        self.chars = 0
         self.active: set[int] = set()  # nodes being converted: a repeat is a recursive alias
 
     def problem(self, node: Node, path: tuple, message: str) -> None:
@@ -153,6 +158,11 @@ class _Converter:
             raise YamlProblem(_position(node), "recursive alias: a value contains itself", path)
         self.parsed.spans[path] = Span(key, _position(node), not isinstance(node, ScalarNode))
         if isinstance(node, ScalarNode):
+            self.chars += len(node.value)
+            if self.chars > MAX_CHARS:
+                where = self.parsed.spans.get(path[:1])
+                raise YamlProblem(where.key or where.value if where else _position(node),
+                                  f"aliases expand to more than {MAX_CHARS} characters (an alias bomb?)", path[:1])
             return self.scalar(node, path)
         self.active.add(id(node))
         try:
@@ -175,6 +185,7 @@ class _Converter:
                 self.problem(key_node, path, "a key must be a plain name, not a list or mapping")
                 continue
             name = key_node.value  # keys are text: `8080:` is the key "8080", as in JSON
+            self.chars += len(name)
             if name in first_line:
                 if explicit:
                     self.problem(key_node, path + (name,),

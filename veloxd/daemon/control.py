@@ -1,18 +1,21 @@
 """How `veloxd reload`, `restart NAME` and `status` reach the running daemon: a unix socket.
 
 The socket lives in the state directory (mode 0600, directory 0700: only the user can talk
-to the daemon). One JSON line in, one JSON line out. The accepting thread only enqueues a
+to the daemon). When that path is too long for a unix socket, it lives in a fresh 0700
+directory of our own with an unpredictable name (mkdtemp), recorded in the state file: no
+other user can create or hold that name first. One JSON line in, one JSON line out. The accepting thread only enqueues a
 request and waits for the loop thread's answer; it never touches the daemon's state.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
 import queue
+import shutil
 import socket
+import stat
 import tempfile
 import threading
 from pathlib import Path
@@ -20,10 +23,11 @@ from typing import Any
 
 from veloxd.daemon import messages as m
 from veloxd.daemon.logs import RECENT
-from veloxd.daemon.statefile import read_state
+from veloxd.daemon.statefile import StartupError, read_state
 
 SOCKET_NAME = "control.sock"
 CONTROL_SOCKET_ENV = "VELOXD_CONTROL_SOCKET"  # tells the gateway process where its daemon listens
+PRIVATE_PREFIX = "veloxd-"
 MAX_UNIX_PATH = 100  # sun_path is 104 bytes on macOS, 108 on Linux
 REQUEST_TIMEOUT_S = 30.0
 MAX_ANSWER_BYTES = 64 << 20  # a status or an events page; requests themselves stay under 64 KiB
@@ -33,13 +37,25 @@ class DaemonUnreachable(RuntimeError):
     """No daemon answers on the control socket."""
 
 
-def socket_path(state_dir: Path) -> Path:
-    """`<state_dir>/control.sock`, or a short per-user path in the temp dir when that is too long."""
+def socket_path(state_dir: Path) -> Path | None:
+    """`<state_dir>/control.sock`, or None when that path is too long for a unix socket."""
     path = Path(state_dir).resolve() / SOCKET_NAME
-    if len(os.fsencode(path)) < MAX_UNIX_PATH:
-        return path
-    digest = hashlib.sha256(os.fsencode(path)).hexdigest()[:12]
-    return Path(tempfile.gettempdir()) / f"veloxd-{os.getuid()}-{digest}.sock"
+    return path if len(os.fsencode(path)) < MAX_UNIX_PATH else None
+
+
+def private_socket_path() -> Path:
+    """A socket path in a new 0700 directory with a random name (the state dir's is too long)."""
+    return Path(tempfile.mkdtemp(prefix=f"{PRIVATE_PREFIX}{os.getuid()}-")) / SOCKET_NAME
+
+
+def remove_private_dir(path: Path) -> None:
+    """Remove a private socket directory of an earlier daemon (only ours: our prefix, our uid)."""
+    parent = path.parent
+    if not parent.name.startswith(f"{PRIVATE_PREFIX}{os.getuid()}-") or parent.parent != Path(tempfile.gettempdir()):
+        return
+    with contextlib.suppress(OSError):
+        if parent.lstat().st_uid == os.getuid():
+            shutil.rmtree(parent)
 
 
 def _to_message(request: dict[str, Any], reply: m.Reply) -> m.Message | None:
@@ -65,17 +81,24 @@ def _to_message(request: dict[str, Any], reply: m.Reply) -> m.Message | None:
 class ControlServer:
     """Accepts requests on the unix socket and hands them to the loop as messages."""
 
-    def __init__(self, path: Path, inbox: queue.SimpleQueue[Any]) -> None:
-        self.path = path
+    def __init__(self, state_dir: Path, inbox: queue.SimpleQueue[Any]) -> None:
+        """Bind the socket; StartupError naming the path and what to do when that is impossible."""
+        preferred = socket_path(state_dir)
+        self.private = preferred is None
+        self.path = preferred or private_socket_path()
         self._inbox = inbox
-        path.unlink(missing_ok=True)  # a stale socket of a dead daemon (the state-dir lock is ours)
+        _clear_stale(self.path)
         self._sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         old_umask = os.umask(0o177)  # the socket file is created 0600
         try:
-            self._sock.bind(str(path))
+            self._sock.bind(str(self.path))
+            self._sock.listen(8)
+        except OSError as err:
+            self._sock.close()
+            raise StartupError(f"cannot create the control socket {self.path}: {err.strerror or err}; "
+                               "check that directory's permissions, or use another --state-dir") from None
         finally:
             os.umask(old_umask)
-        self._sock.listen(8)
         self._thread = threading.Thread(target=self._accept, name="control", daemon=True)
 
     def start(self) -> None:
@@ -85,7 +108,10 @@ class ControlServer:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
         self._sock.close()
-        self.path.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            self.path.unlink(missing_ok=True)
+        if self.private:
+            remove_private_dir(self.path)
 
     def _accept(self) -> None:
         while True:
@@ -124,6 +150,24 @@ def _events(request: dict[str, Any]) -> dict[str, Any]:
     return {"ok": True, **RECENT.since(after, limit, server)}
 
 
+def _clear_stale(path: Path) -> None:
+    """Remove a dead daemon's socket (the state-dir lock is ours); refuse anything else in the way."""
+    try:
+        mode = path.lstat().st_mode
+    except FileNotFoundError:
+        return
+    except OSError as err:
+        raise StartupError(f"cannot use {path} for the control socket: {err.strerror or err}") from None
+    if not stat.S_ISSOCK(mode):
+        kind = "a directory" if stat.S_ISDIR(mode) else "a symlink" if stat.S_ISLNK(mode) else "a file"
+        raise StartupError(f"cannot create the control socket {path}: {kind} is in the way; "
+                           "remove it (it is not veloxd's), or use another --state-dir")
+    try:
+        path.unlink()
+    except OSError as err:
+        raise StartupError(f"cannot remove the old control socket {path}: {err.strerror or err}") from None
+
+
 def _read_line(conn: socket.socket, limit: int = 65536) -> bytes:
     data = bytearray()
     while not data.endswith(b"\n") and len(data) < limit:
@@ -139,11 +183,15 @@ def request(state_dir: Path, payload: dict[str, Any], timeout: float = REQUEST_T
 
     Raises DaemonUnreachable when no daemon listens there.
     """
-    return request_at(socket_path_of(state_dir), payload, timeout)
+    path = socket_path_of(state_dir)
+    if path is None:
+        raise DaemonUnreachable(f"no veloxd daemon found: {state_dir} has no state file naming its control socket")
+    return request_at(path, payload, timeout)
 
 
-def socket_path_of(state_dir: Path) -> Path:
-    """The control socket the daemon of `state_dir` recorded in its state file (else the default place)."""
+def socket_path_of(state_dir: Path) -> Path | None:
+    """The control socket the daemon of `state_dir` recorded in its state file (else the default place;
+    None when that is too long for a socket and no state file names the private one)."""
     state = read_state(state_dir) or {}
     recorded = (state.get("daemon") or {}).get("control_socket")
     return Path(recorded) if recorded else socket_path(state_dir)

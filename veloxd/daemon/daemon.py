@@ -17,8 +17,8 @@ from typing import Any
 
 from veloxd import __version__
 from veloxd.daemon import messages as m
-from veloxd.daemon.control import CONTROL_SOCKET_ENV, ControlServer, socket_path
-from veloxd.daemon.logs import get_logger
+from veloxd.daemon.control import CONTROL_SOCKET_ENV, ControlServer, remove_private_dir
+from veloxd.daemon.logs import get_logger, log_file_id, reopen_logs, take_reopened
 from veloxd.daemon.models import ModelDirs
 from veloxd.daemon.ondemand import OnDemand
 from veloxd.daemon.orphans import end_orphans
@@ -61,22 +61,26 @@ class Daemon:
         self._config_sig = stat_signature(options.config_path)
         self._next_poll = 0.0
         self._written: dict[str, Any] | None = None
+        self._write_error: str | None = None
         self._start_time = process_start_time(os.getpid())
         self._config_dict: tuple[Any, dict[str, Any] | None] = (None, None)
 
     # ---- lifecycle ------------------------------------------------------------------------
     def run(self) -> int:
         options = self.options
-        end_orphans(read_state(options.state_dir), self.log)  # before any port is bound
+        previous = read_state(options.state_dir)
+        self.control = ControlServer(options.state_dir, self.inbox)  # StartupError: one line, exit 1
+        recorded = ((previous or {}).get("daemon") or {}).get("control_socket")
+        if recorded and Path(recorded) != self.control.path:
+            remove_private_dir(Path(recorded))  # an earlier daemon's, left by a crash
+        end_orphans(previous, self.log)  # before any port is bound
         self.lifeline = Lifeline()
-        control_path = socket_path(options.state_dir)
         spawner = WorkerSpawner(options.worker_command, self.lifeline, self.inbox, get_logger("veloxd.server"),
-                                env={CONTROL_SOCKET_ENV: str(control_path)}, event_log=get_logger("veloxd.gateway"))
+                                env={CONTROL_SOCKET_ENV: str(self.control.path)}, event_log=get_logger("veloxd.gateway"))
         self.supervisor = Supervisor(spawner, get_logger("veloxd.server"))
         self.ondemand = OnDemand(self.supervisor, options.state_dir, get_logger("veloxd.server"))
         web = WorkerSpawner(web_command(), self.lifeline, self.inbox, get_logger("veloxd.dashboard"))
         self.dashboard = DashboardSidecar(web, get_logger("veloxd.dashboard"), options.state_dir)
-        self.control = ControlServer(control_path, self.inbox)
         self.watcher = Watcher(options.config_path, self.inbox)
         self._install_signals()
         self.control.start()
@@ -87,6 +91,7 @@ class Daemon:
             control_socket=str(self.control.path), worker_command=options.worker_command,
         )
         self._reload(time.monotonic(), "startup")
+        self._write_state(running=True)  # at once: `status` should not see the startup verdict late
         try:
             self._loop()
         finally:
@@ -142,6 +147,8 @@ class Daemon:
         elif isinstance(msg, m.ModelTouched):
             self.models.touched(msg.directory, now)
         elif isinstance(msg, m.ReloadRequested):
+            if msg.source == "sighup":  # newsyslog/logrotate convention: SIGHUP reopens the log too
+                self._reopen_logs("sighup")
             self._request_reload(now, msg.source, msg.reply)
         elif isinstance(msg, m.RestartRequested):
             self._restart(msg, now)
@@ -172,8 +179,14 @@ class Daemon:
         if msg.reply:
             msg.reply.send({"ok": True, "restarting": msg.name})
 
+    def _reopen_logs(self, reason: str) -> None:
+        for path in reopen_logs():
+            self.log.info("log_reopened", log_file=path, reason=reason)
+
     # ---- timers ---------------------------------------------------------------------------
     def _timers(self, now: float) -> None:
+        if take_reopened():  # the handler reopened a moved or deleted log file: say so in the new one
+            self.log.info("log_reopened", log_file=str(self.options.log_file), reason="moved_or_deleted")
         self.supervisor.tick(now)
         self.dashboard.supervisor.tick(now)
         if self._stopping:
@@ -181,6 +194,7 @@ class Daemon:
         if now >= self._next_poll:
             self._next_poll = now + POLL_S
             self.watcher.ensure_config_watch()
+            self.watcher.sync_models()
             signature = stat_signature(self.options.config_path)
             if signature != self._config_sig:
                 self._config_sig = signature
@@ -191,9 +205,9 @@ class Daemon:
         if self._follow_up and not self.supervisor.busy:
             self._follow_up = False
             self._reload(now, "follow_up")
-        for directory, names in self.models.changed(now):
-            self.log.info("model_changed", directory=directory, servers=names)
-            self.supervisor.restart(names, "model_changed", now)
+        for path, names, present in self.models.changed(now):
+            restarted = self.supervisor.model_changed(names, present, now)
+            self.log.info("model_changed", directory=path, present=present, servers=names, restarted=restarted)
 
     def _request_reload(self, now: float, source: str, reply: m.Reply | None) -> None:
         """One reload at a time: while a plan is still being applied, coalesce into one follow-up."""
@@ -211,12 +225,9 @@ class Daemon:
         self._config_sig = stat_signature(self.options.config_path)
         outcome = self.source.read()
         if isinstance(outcome, Unchanged):
-            self.log.info("config_unchanged", source=source, config_sha256=outcome.sha256,
-                          valid=outcome.rejected is None)
-            answer: dict[str, Any] = {"ok": outcome.rejected is None, "unchanged": True,
-                                      "config_sha256": outcome.sha256}
-            if outcome.rejected is not None:  # same bytes as a refused file: say why again
-                answer["errors"] = outcome.rejected.lines
+            self.log.info("config_unchanged", source=source, config_sha256=outcome.sha256)
+            self.supervisor.recheck_waiting(now)  # the file is the same; the world may not be
+            answer: dict[str, Any] = {"ok": True, "unchanged": True, "config_sha256": outcome.sha256}
         elif isinstance(outcome, Invalid):
             answer = self._rejected(outcome, source)
         else:
@@ -248,6 +259,7 @@ class Daemon:
         self.supervisor.apply(plan, new.supervised(), now)
         self.ondemand.report_overcommit()
         self.dashboard.apply(new.dashboard, now)
+        self.supervisor.recheck_waiting(now)  # whatever the plan, the world may have changed too
         self.watcher.set_model_dirs(self.models.update(new.servers))
         self.last_reload = {"ok": True, "at": wall_clock(), "source": source, "config_sha256": new.sha256,
                             "plan": summary}
@@ -262,10 +274,11 @@ class Daemon:
                 "running": running, "pid": os.getpid(), "start_time": self._start_time,
                 "version": __version__, "control_socket": str(self.control.path),
                 "log_file": str(options.log_file) if options.log_file else None,
+                "log_file_id": log_file_id(),  # [device, inode] written to: `veloxd logs` compares
                 "worker_command": options.worker_command, "stopping": self._stopping,
             },
             "config_path": str(options.config_path),
-            "config": self._config_as_dict(),
+            "config": self._config_as_dict(),  # secrets redacted
             "config_sha256": self.config.sha256 if self.config is not None else None,
             "degraded": self.config is None,
             "last_reload": self.last_reload,
@@ -276,13 +289,30 @@ class Daemon:
 
     def _config_as_dict(self) -> dict[str, Any] | None:
         from veloxd.config.model import config_to_dict
+        from veloxd.config.secrets import redact_config
 
         if self._config_dict[0] is not self.config:  # convert once per accepted config
-            self._config_dict = (self.config, config_to_dict(self.config) if self.config is not None else None)
+            plain = config_to_dict(self.config) if self.config is not None else None
+            self._config_dict = (self.config, redact_config(plain) if plain is not None else None)
         return self._config_dict[1]
 
     def _write_state(self, running: bool) -> None:
+        """Write the state file when it changed. A failed write is an event, never a crash: the
+        servers do not depend on it, and the next change (or loop wakeup) tries again."""
         state = self._state(running)
-        if state != self._written:
+        if state == self._written:
+            return
+        try:
             write_state(self.options.state_dir, state)
-            self._written = state
+        except OSError as err:
+            error = f"{type(err).__name__}: {err.strerror or err}"
+            if error != self._write_error:  # once per distinct error, not once per retry
+                self.log.error("state_write_failed", state_dir=str(self.options.state_dir), error=error,
+                               errno=err.errno)
+            self._write_error = error
+            return
+        if self._write_error is not None:
+            self.log.info("state_write_recovered", state_dir=str(self.options.state_dir),
+                          previous_error=self._write_error)
+            self._write_error = None
+        self._written = state

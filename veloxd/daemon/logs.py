@@ -3,6 +3,10 @@
 Standard-library loggers (watchdog's, for instance) go through the same processors, so every
 line of the log has `timestamp` (ISO-8601 UTC), `level`, `event` and `logger`. The file is
 always JSON; stdout gets `console` lines (veloxd/daemon/console.py) or the same JSON.
+
+The file survives rotation by others (logrotate, newsyslog, a user deleting it): before each
+write the handler compares the path's device and inode with the open file's, as the stdlib's
+WatchedFileHandler does, and reopens the path when they differ; SIGHUP reopens it too.
 """
 
 from __future__ import annotations
@@ -10,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import logging.handlers
+import os
 import sys
 import threading
 from collections import deque
@@ -26,6 +31,85 @@ BACKUPS = 5
 RECENT_EVENTS = 2000  # kept in memory for the dashboard's log tail
 LOG_FORMATS = ("auto", "console", "json")
 LogFormat = Literal["auto", "console", "json"]
+
+
+class ReopeningFileHandler(logging.handlers.RotatingFileHandler):
+    """Size rotation of our own, plus WatchedFileHandler's reopen when the path names another file.
+
+    One stat per record: cheap next to the JSON rendering. Reopening recreates a deleted
+    directory too, so a cleaned-up log folder does not silence the daemon.
+    """
+
+    def __init__(self, filename: Path, max_bytes: int, backups: int) -> None:
+        self._ident: tuple[int, int] | None = None  # before super().__init__, which opens the file
+        self.reopened = 0  # how often the path was found moved or deleted
+        super().__init__(filename, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
+
+    def _open(self) -> Any:
+        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
+        stream = super()._open()
+        info = os.fstat(stream.fileno())
+        self._ident = (info.st_dev, info.st_ino)
+        return stream
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            info = os.stat(self.baseFilename)
+            moved = (info.st_dev, info.st_ino) != self._ident
+        except FileNotFoundError:
+            moved = True
+        except OSError:
+            moved = False
+        if moved and self.stream is not None:
+            self.reopened += 1
+            self.reopen()
+        super().emit(record)
+
+    def reopen(self) -> None:
+        """Close the stream and open the path again (created if missing)."""
+        self.acquire()
+        try:
+            if self.stream is not None:
+                self.stream.flush()
+                self.stream.close()
+            self.stream = None
+            self.stream = self._open()
+        except OSError:
+            self.stream = None  # opened lazily on the next record; handleError reports it
+        finally:
+            self.release()
+
+    @property
+    def ident(self) -> tuple[int, int] | None:
+        return self._ident
+
+
+def _file_handlers() -> list[ReopeningFileHandler]:
+    return [h for h in logging.getLogger().handlers if isinstance(h, ReopeningFileHandler)]
+
+
+def reopen_logs() -> list[str]:
+    """Reopen every log file (SIGHUP); returns their paths."""
+    handlers = _file_handlers()
+    for handler in handlers:
+        handler.reopen()
+    return [h.baseFilename for h in handlers]
+
+
+def take_reopened() -> int:
+    """How many times a log file was found moved or deleted (and reopened) since the last call."""
+    count = 0
+    for handler in _file_handlers():
+        count, handler.reopened = count + handler.reopened, 0
+    return count
+
+
+def log_file_id() -> list[int] | None:
+    """[device, inode] of the log file being written, for `veloxd logs` to compare with the path."""
+    for handler in _file_handlers():
+        if handler.ident is not None:
+            return list(handler.ident)
+    return None
 
 
 def _shared_processors() -> list[Any]:
@@ -119,9 +203,7 @@ def configure_logging(
     handlers: list[logging.Handler] = []
     if log_file is not None:
         log_file.parent.mkdir(parents=True, exist_ok=True)
-        file_handler = logging.handlers.RotatingFileHandler(
-            log_file, maxBytes=max_bytes, backupCount=backups, encoding="utf-8"
-        )
+        file_handler = ReopeningFileHandler(log_file, max_bytes, backups)
         file_handler.setFormatter(_json_formatter())
         handlers.append(file_handler)
     shown = stdout_format(log_format, sys.stdout.isatty())

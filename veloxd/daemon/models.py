@@ -1,7 +1,9 @@
-"""Local model directories: which servers load from each, and whether its weights changed.
+"""Local model paths: which servers load from each, and whether what is there changed.
 
 mlx_lm keys its prompt cache on the model path, so new weights at the same path must restart
-the servers using it. Owned by the loop thread; the watcher only reports "something changed".
+the servers using it. Followed by *path*, not by inode: a directory replaced by a rename, or
+restored after it went missing, is what the path now names (the watcher watches the parent).
+Owned by the loop thread; the watcher only reports "something changed".
 """
 
 from __future__ import annotations
@@ -10,7 +12,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from veloxd.daemon.watch import Debounce, local_model_dir, model_fingerprint
+from veloxd.config.world import watched_paths
+from veloxd.daemon.watch import Debounce, model_fingerprint, watch_path
 
 QUIET_S = 1.0  # weights are big: act once a copy has been quiet for a second
 MAX_WAIT_S = 30.0
@@ -25,12 +28,11 @@ class ModelDirs:
         self._debounce: dict[str, Debounce] = {}
 
     def update(self, entries: Mapping[str, Any]) -> frozenset[Path]:
-        """Follow the local models of these entries; returns the directories to watch."""
+        """Follow the local models (and adapters) of these entries; returns the paths to watch."""
         servers: dict[str, list[str]] = {}
         for name, entry in entries.items():
-            model_dir = local_model_dir(entry.model)
-            if model_dir is not None:
-                servers.setdefault(str(model_dir), []).append(name)
+            for path in watched_paths(entry):
+                servers.setdefault(str(watch_path(path)), []).append(name)
         for directory in servers.keys() - self._prints.keys():
             self._prints[directory] = model_fingerprint(Path(directory))
         for gone in self._prints.keys() - servers.keys():
@@ -46,8 +48,8 @@ class ModelDirs:
     def deadline(self) -> float | None:
         return min((d for b in self._debounce.values() if (d := b.deadline()) is not None), default=None)
 
-    def changed(self, now: float) -> list[tuple[str, list[str]]]:
-        """(directory, servers) for each directory whose files differ once its events went quiet."""
+    def changed(self, now: float) -> list[tuple[str, list[str], bool]]:
+        """(path, servers, present) for each path whose content differs once its events went quiet."""
         out = []
         for directory, debounce in self._debounce.items():
             if not debounce.due(now):
@@ -56,5 +58,5 @@ class ModelDirs:
             fingerprint = model_fingerprint(Path(directory))
             if fingerprint != self._prints.get(directory):
                 self._prints[directory] = fingerprint
-                out.append((directory, list(self.servers.get(directory, []))))
+                out.append((directory, list(self.servers.get(directory, [])), bool(fingerprint)))
         return out

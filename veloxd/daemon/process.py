@@ -54,12 +54,14 @@ class Child:
         on_line: LineHandler,
         on_exit: ExitHandler,
         cwd: Path | None = None,
+        scrub: Callable[[str], str] | None = None,
     ) -> None:
         pass_fds = (lifeline.read_fd,) if lifeline is not None else ()
         self.argv = list(argv)
         # One tail per stream: a chatty stdout must not push the traceback out of stderr's.
         self.tails: dict[str, deque[str]] = {"stdout": deque(maxlen=TAIL_LINES), "stderr": deque(maxlen=TAIL_LINES)}
         self._on_line = on_line
+        self._scrub = scrub  # e.g. removes secret values before a line is kept or logged
         self._proc = subprocess.Popen(
             self.argv,
             env=dict(env),
@@ -85,6 +87,8 @@ class Child:
         with pipe:
             for raw in pipe:
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")
+                if self._scrub is not None:
+                    line = self._scrub(line)
                 self.tails[stream].append(line)
                 self._on_line(self.pid, stream, line)
 
@@ -186,3 +190,31 @@ def worker_env(extra: Mapping[str, str]) -> dict[str, str]:
 
 def default_worker_command() -> list[str]:
     return [sys.executable, "-m", "veloxd", "serve"]
+
+
+WORKER_PREFIX = "veloxd serve: "
+ERROR_LINE_MAX = 400
+
+
+def error_line(tail: Mapping[str, list[str]]) -> str | None:
+    """The worker's own account of why it exited: its last `veloxd serve: ...` line on stderr, with
+    the exception it points at ("see the error above") when there is one; else the last line of a
+    Python traceback (`SomeError: message`); else None."""
+    lines = [line.strip() for line in tail.get("stderr", []) if line.strip()]
+    said = [line[len(WORKER_PREFIX):] for line in lines if line.startswith(WORKER_PREFIX)]
+    said = [line for line in said if not line.startswith("warning:")]
+    raised = [line for line in lines if _is_exception_line(line)]
+    if said and raised and "see the error above" in said[-1]:
+        return _cap(f"{raised[-1]} ({said[-1]})")
+    if said:
+        return _cap(said[-1])
+    return _cap(raised[-1]) if raised else None
+
+
+def _is_exception_line(line: str) -> bool:
+    head = line.split(":", 1)[0]
+    return ":" in line and head.endswith(("Error", "Exception")) and " " not in head
+
+
+def _cap(text: str) -> str:
+    return text if len(text) <= ERROR_LINE_MAX else text[: ERROR_LINE_MAX - 3] + "..."

@@ -1,7 +1,9 @@
-"""Reading the config for a reload: same bytes as last time -> nothing to do; invalid -> errors.
+"""Reading the config for a reload: same bytes as the config applied -> nothing to do; invalid -> errors.
 
 The whole new file is validated before anything is applied; the caller keeps the last good
-config when this returns `Invalid`.
+config when this returns `Invalid`. Only an *accepted* file is remembered by hash: a refusal
+is never cached, because it can depend on more than the bytes (the file's mode or owner, its
+existence), and a fixed world must be seen on the next reload, SIGHUP or watch event.
 """
 
 from __future__ import annotations
@@ -24,7 +26,6 @@ class Invalid:
 @dataclass(frozen=True)
 class Unchanged:
     sha256: str | None
-    rejected: Invalid | None = None  # these bytes were already refused, for these reasons
 
 
 @dataclass(frozen=True)
@@ -43,23 +44,19 @@ def file_sha256(path: Path) -> str | None:
 
 
 class ConfigSource:
-    """The config file, and the hash of the bytes we last acted on (valid or not)."""
+    """The config file, and the hash of the last bytes accepted."""
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
-        self.seen_sha256: str | None = None
-        self._seen_once = False
-        self._rejected: Invalid | None = None
+        self.accepted_sha256: str | None = None  # None also after a refusal: the next read loads
 
     def read(self) -> Outcome:
-        """Load the file unless its bytes are those we already acted on."""
+        """Load the file unless its bytes are those of the config applied by the last read."""
         sha = file_sha256(self.path)
-        if self._seen_once and sha == self.seen_sha256:
-            return Unchanged(sha, self._rejected)
-        self._seen_once = True
-        self.seen_sha256 = sha
+        if sha is not None and sha == self.accepted_sha256:
+            return Unchanged(sha)
         outcome = self._load(sha)
-        self._rejected = outcome if isinstance(outcome, Invalid) else None
+        self.accepted_sha256 = outcome.config.sha256 if isinstance(outcome, Valid) else None
         return outcome
 
     def _load(self, sha: str | None) -> Invalid | Valid:

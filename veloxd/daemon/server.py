@@ -9,23 +9,26 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any, Protocol
 
 from veloxd import protocol
+from veloxd.config.world import Condition, entry_conditions
 from veloxd.daemon.download import DownloadPhase, needs_download
-from veloxd.daemon.probe import port_holder, port_in_use
-from veloxd.daemon.process import Child, describe_exit, worker_env
+from veloxd.daemon.process import Child, describe_exit, error_line, worker_env
 from veloxd.daemon.state import (
     GiveUp,
     ServerState,
     after_failure,
+    recheck_delay,
     transition,
 )
 
 S = ServerState
 EVENT_FOR_STATE = {
     S.DOWNLOADING: "server_downloading",  # then more server_downloading events with the progress
+    S.WAITING: "server_waiting",
     S.STARTING: "server_starting",
     S.READY: "server_ready",
     S.BACKOFF: "server_backoff",
@@ -46,6 +49,9 @@ class Spawner(Protocol):
     def probe_health(self, name: str, spawn_id: int, host: str, port: int, deadline: float) -> threading.Event: ...
 
 
+CheckWorld = Callable[[Any], list[Condition]]
+
+
 def wall_clock() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds").replace("+00:00", "Z")
 
@@ -53,7 +59,7 @@ def wall_clock() -> str:
 class ServerProcess:
     """The supervised process of one entry (the entry object may be replaced on live updates)."""
 
-    def __init__(self, entry: Any, spawner: Spawner, log: Any) -> None:
+    def __init__(self, entry: Any, spawner: Spawner, log: Any, check_world: CheckWorld = entry_conditions) -> None:
         self.entry = entry
         self.state = S.STOPPED
         self.since = wall_clock()
@@ -68,6 +74,10 @@ class ServerProcess:
         self.startup_s: float | None = None
         self.last_error: str | None = None  # what a person should read first after a failure
         self._refused: str | None = None  # why this worker's READY line was refused
+        self.waiting_for: list[Condition] = []
+        self._check_world = check_world
+        self._rechecks = 0
+        self._recheck_at = 0.0
         self._spawner = spawner
         self._log = log.bind(server=entry.name)
         self._spawned_at = 0.0
@@ -92,13 +102,13 @@ class ServerProcess:
         old = self.state
         self.state = transition(old, new)
         self.since = wall_clock()
-        level = "error" if new is S.FATAL else "warning" if new is S.BACKOFF else "info"
+        level = "error" if new is S.FATAL else "warning" if new in (S.BACKOFF, S.WAITING) else "info"
         pid = self.child.pid if self.child is not None else None  # the worker concerned, even if gone
         getattr(self._log, level)(EVENT_FOR_STATE[new], pid=pid, from_state=old.value, state=new.value, **event)
 
     # ---- commands from the supervisor -------------------------------------------------
     def start(self, now: float) -> None:
-        """STOPPED/BACKOFF -> DOWNLOADING if the model is not local yet, else STARTING."""
+        """STOPPED/BACKOFF/WAITING -> DOWNLOADING if the model is not local yet, else on to STARTING."""
         self.child = None
         self.ready_payload = None
         self._refused = None
@@ -123,29 +133,46 @@ class ServerProcess:
         self._become(S.DOWNLOADING, model=model, argv=self.child.argv)
 
     def _start_worker(self, now: float) -> None:
-        """-> STARTING: check the port, spawn the worker (or go FATAL at once)."""
+        """-> STARTING: check the world, spawn the worker (or WAITING, or FATAL)."""
         entry = self.entry
         where = {"host": entry.host, "port": entry.port, "method": entry.method, "model": entry.model}
-        problem = None
-        if port_in_use(entry.host, entry.port):
-            holder = port_holder(entry.port)
-            problem = f"port {entry.port} on {entry.host} is already in use" + (f" by {holder}" if holder else "")
-        else:
-            self.spawn_id += 1
-            self.starts += 1
-            try:
-                self.child = self._spawner.spawn(self.name, self.spawn_id, entry)
-            except OSError as err:
-                problem = f"cannot start the worker: {err}"
-        if self.child is None:
+        conditions = self._check_world(entry)
+        if conditions:
+            self._wait(now, conditions, **where)
+            return
+        self.waiting_for, self._rechecks = [], 0
+        self.spawn_id += 1
+        self.starts += 1
+        try:
+            self.child = self._spawner.spawn(self.name, self.spawn_id, entry)
+        except OSError as err:
             self._become(S.STARTING, **where)
-            self._give_up(problem or "not started", **where)
+            self._give_up(f"cannot start the worker: {err}", **where)
             return
         self._awaiting_exit = True
         self._spawned_at = now
         self._ready_deadline = now + entry.ready_timeout_s
         self._become(S.STARTING, ready_timeout_s=entry.ready_timeout_s, **where)
         self._log.debug("server_command", pid=self.child.pid, argv=self.child.argv)  # once, for debugging
+
+    def recheck_soon(self, now: float) -> None:
+        """A watch saw something that may clear this WAITING entry's condition: look at the next tick."""
+        if self.state is S.WAITING:
+            self._recheck_at = now
+
+    def _wait(self, now: float, conditions: list[Condition], **where: Any) -> None:
+        """Into (or stay in) WAITING until the world changes; the event is logged when the reason changes."""
+        self._rechecks += 1
+        delay = recheck_delay(self._rechecks)
+        self._recheck_at = now + delay
+        reason = "; ".join(c.message for c in conditions)
+        changed = [c.to_dict() for c in conditions] != [c.to_dict() for c in self.waiting_for]
+        self.waiting_for = conditions
+        details = {"reason": reason, "conditions": [c.to_dict() for c in conditions], "recheck_s": delay}
+        if self.state is not S.WAITING:
+            self._become(S.WAITING, **details, **where)
+        elif changed:
+            self._log.warning("server_waiting", pid=None, from_state="waiting", state="waiting", **details)
 
     def stop(self, now: float) -> None:
         """Any state -> STOPPING: SIGTERM to the worker's group; STOPPED at once without one."""
@@ -211,7 +238,8 @@ class ServerProcess:
             return
         self._cancel_probe()
         tail = self.child.last_lines()
-        self.last_exit = {**describe_exit(returncode), "at": wall_clock(), "pid": self.child.pid}
+        self.last_exit = {**describe_exit(returncode), "at": wall_clock(), "pid": self.child.pid,
+                          "error": error_line(tail)}
         expected = self.state is S.STOPPING
         level = "info" if expected else "warning"
         getattr(self._log, level)(
@@ -228,7 +256,9 @@ class ServerProcess:
         self.last_error = stderr[-1] if stderr else f"{reason}: {exit_text['signal'] or 'code ' + str(exit_text['code'])}"
         unfixable = self._refused
         if unfixable is None and returncode == UNFIXABLE_EXIT:
-            unfixable = "worker exited with code 2 (invalid input or port in use; see last_lines)"
+            said = self.last_exit.get("error")
+            unfixable = f"worker exited with code 2: {said}" if said else (
+                "worker exited with code 2 (invalid input or port in use; see last_lines)")
         self._fail(now, reason, unfixable, last_lines=tail)
 
     def _download_exited(self, returncode: int, now: float) -> None:
@@ -257,8 +287,10 @@ class ServerProcess:
                 "server_ready_timeout", pid=self.child.pid, ready_timeout_s=self.entry.ready_timeout_s
             )
             self.child.signal_group(signal.SIGKILL)
-        elif self.state is S.BACKOFF and now >= self._retry_at:
-            self.start(now)
+        elif (self.state is S.BACKOFF and now >= self._retry_at) or (
+            self.state is S.WAITING and now >= self._recheck_at
+        ):
+            self.start(now)  # retry after backoff, or look at the world again
         elif self.state is S.STOPPING and not self._killed and now >= self._kill_at:
             self._killed = True
             if self.child is not None and self.child.signal_group(signal.SIGKILL):
@@ -269,6 +301,8 @@ class ServerProcess:
             return self._ready_deadline
         if self.state is S.BACKOFF:
             return self._retry_at
+        if self.state is S.WAITING:
+            return self._recheck_at
         if self.state is S.STOPPING and not self._killed:
             return self._kill_at
         return None
@@ -319,6 +353,7 @@ class ServerProcess:
             "last_error": self.last_error,
             "startup_s": self.startup_s,
             "ready": self.ready_payload,  # the worker's READY line: bits, measured KV bytes per token, endpoints
+            "waiting_reason": "; ".join(c.message for c in self.waiting_for) if self.state is S.WAITING else None,
             "stop_timeout_s": entry.stop_timeout_s,
             "start": getattr(entry, "start", "always"),
         }

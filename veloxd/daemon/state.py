@@ -18,6 +18,7 @@ class ServerState(enum.Enum):
 
     STOPPED = "stopped"
     DOWNLOADING = "downloading"  # fetching the model before loading; outside ready_timeout_s
+    WAITING = "waiting"  # a condition of the world (model path, port, env var) is not met yet
     STARTING = "starting"
     READY = "ready"
     BACKOFF = "backoff"
@@ -27,13 +28,16 @@ class ServerState(enum.Enum):
 
 S = ServerState
 TRANSITIONS: Final[Mapping[ServerState, frozenset[ServerState]]] = {
-    S.STOPPED: frozenset({S.DOWNLOADING, S.STARTING}),
+    S.STOPPED: frozenset({S.DOWNLOADING, S.STARTING, S.WAITING}),
     # DOWNLOADING -> STARTING once the model is complete; FATAL = not found, gated, no disk, offline.
-    S.DOWNLOADING: frozenset({S.STARTING, S.BACKOFF, S.FATAL, S.STOPPING}),
-    # STARTING -> READY needs the READY line and /health 200; FATAL = unfixable (exit 2, port held).
+    # DOWNLOADING -> WAITING when, the model complete, the port or an env var is not there yet.
+    S.DOWNLOADING: frozenset({S.STARTING, S.WAITING, S.BACKOFF, S.FATAL, S.STOPPING}),
+    # WAITING -> STARTING (or DOWNLOADING) once its condition cleared (a watch or the recheck schedule).
+    S.WAITING: frozenset({S.DOWNLOADING, S.STARTING, S.STOPPING}),
+    # STARTING -> READY needs the READY line and /health 200; FATAL = unfixable (exit 2).
     S.STARTING: frozenset({S.READY, S.BACKOFF, S.FATAL, S.STOPPING}),
     S.READY: frozenset({S.BACKOFF, S.FATAL, S.STOPPING}),  # unexpected exit
-    S.BACKOFF: frozenset({S.DOWNLOADING, S.STARTING, S.STOPPING}),  # delay over, or stopped meanwhile
+    S.BACKOFF: frozenset({S.DOWNLOADING, S.STARTING, S.WAITING, S.STOPPING}),  # delay over, or stopped meanwhile
     S.FATAL: frozenset({S.STOPPING}),  # only a config change or `veloxd restart NAME` leaves it
     S.STOPPING: frozenset({S.STOPPED}),  # SIGTERM to the group, SIGKILL after stop_timeout_s
 }
@@ -80,6 +84,15 @@ def backoff_delay(failures: int, initial_s: float, max_s: float) -> float:
     if failures < 1:
         raise ValueError(f"failures must be >= 1, got {failures}")
     return min(max_s, initial_s * 2.0 ** (failures - 1))
+
+
+def recheck_delay(attempt: int, initial_s: float = 1.0, max_s: float = 30.0) -> float:
+    """Delay before looking again at a WAITING entry's condition (1-based attempt).
+
+    Backoff-like so a port held for hours costs nothing, capped so a freed port is noticed
+    within `max_s`; conditions a watch can see (a model path appearing) are noticed at once.
+    """
+    return backoff_delay(attempt, initial_s, max_s)
 
 
 def failures_in_window(failure_times: Iterable[float], now: float, window_s: float) -> list[float]:

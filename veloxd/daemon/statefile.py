@@ -18,14 +18,34 @@ LOCK_FILE = "daemon.lock"
 SCHEMA_VERSION = 1
 
 
+class StartupError(RuntimeError):
+    """The daemon cannot start: one line naming the path and what to do (no traceback)."""
+
+
 def state_path(state_dir: Path) -> Path:
     return Path(state_dir) / STATE_FILE
 
 
 def ensure_state_dir(state_dir: Path) -> Path:
-    """Create the state directory, private to the user (it holds the control socket)."""
+    """Create the state directory, private to the user (it holds the control socket), and prove it
+    writable; StartupError naming the directory and what to do otherwise."""
     state_dir = Path(state_dir)
-    state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    try:
+        state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        info = state_dir.stat()
+        if info.st_uid != os.getuid():
+            raise StartupError(f"state directory {state_dir} belongs to uid {info.st_uid}, not to you "
+                               f"(uid {os.getuid()}); use another --state-dir")
+        if info.st_mode & 0o077:
+            os.chmod(state_dir, 0o700)  # ours: keep others away from the control socket
+        with tempfile.TemporaryFile(dir=state_dir):
+            pass
+    except FileExistsError:
+        raise StartupError(f"state directory {state_dir} exists but is not a directory; "
+                           "move it away or use another --state-dir") from None
+    except OSError as err:
+        raise StartupError(f"state directory {state_dir} is not usable ({err.strerror or err}); "
+                           "fix its permissions, or use another --state-dir") from None
     return state_dir
 
 
@@ -66,7 +86,11 @@ def acquire_lock(state_dir: Path) -> IO[str]:
     Returns the open lock file (keep it referenced). Raises AlreadyRunning naming the holder.
     """
     path = Path(state_dir) / LOCK_FILE
-    handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open for the daemon's life
+    try:
+        handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open for the daemon's life
+    except OSError as err:
+        raise StartupError(f"cannot open the lock file {path}: {err.strerror or err}; "
+                           "fix the state directory's permissions, or use another --state-dir") from None
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

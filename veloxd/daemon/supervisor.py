@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import queue
 import threading
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -73,7 +73,7 @@ class WorkerSpawner:
             inbox.put(m.ChildExited(name, spawn_id, returncode))
 
         env = worker_env({**entry.env, **worker_hub_env(entry.model), **self._env})
-        return Child(self.argv(entry), env, self._lifeline, on_line, on_exit)
+        return Child(self.argv(entry), env, self._lifeline, on_line, on_exit, scrub=_scrubber(entry, env))
 
     def spawn_download(self, name: str, spawn_id: int, entry: Any) -> Child:
         """The entry's download step: its progress lines become messages, its other lines are logged."""
@@ -101,6 +101,18 @@ class WorkerSpawner:
 
         threading.Thread(target=run, name=f"health-{name}", daemon=True).start()
         return cancel
+
+
+def _scrubber(entry: Any, env: Mapping[str, str]) -> Callable[[str], str] | None:
+    """Removes the entry's secret values (its api_key_env's, secret-looking env keys') from output lines."""
+    from veloxd.config.secrets import is_secret_name, redact_text
+
+    secrets = [value for name, value in entry.env.items() if is_secret_name(name)]
+    if entry.api_key_env and env.get(entry.api_key_env):
+        secrets.append(env[entry.api_key_env])
+    if not secrets:
+        return None
+    return lambda line: redact_text(line, secrets)
 
 
 @dataclass
@@ -134,6 +146,7 @@ class Supervisor:
         for name in plan.updated:
             if name in self.servers:
                 self.servers[name].entry = desired[name]
+                self.servers[name].recheck_soon(now)
         running = {n for n, s in self.servers.items() if s.state is not ServerState.STOPPED}
         candidates = [*plan.changed, *revived, *plan.added]
         # An on_demand server starts only on its first request, or again if it was running when it changed;
@@ -154,6 +167,26 @@ class Supervisor:
         names = [n for n in names if n in self.servers]
         start = dict.fromkeys(names)
         self.begin(Rollout(stop=set(names), start=start, reason=reason), now)
+
+    def model_changed(self, names: Iterable[str], present: bool, now: float) -> list[str]:
+        """A local model path changed, appeared or vanished; returns the servers restarted.
+
+        WAITING servers look again at once. While the path is missing, running servers keep
+        serving what they loaded and only FATAL ones are restarted (into WAITING, visibly);
+        once it is back, or its files changed, every other server using it restarts.
+        """
+        names = [n for n in names if n in self.servers]
+        for name in names:
+            self.servers[name].recheck_soon(now)
+        movable = (ServerState.FATAL,) if not present else tuple(s for s in ServerState if s is not ServerState.WAITING)
+        restart = [n for n in names if self.servers[n].state in movable]
+        self.restart(restart, "model_changed", now)
+        return restart
+
+    def recheck_waiting(self, now: float) -> None:
+        """`veloxd reload` of unchanged bytes: WAITING servers look at the world again now."""
+        for server in self.servers.values():
+            server.recheck_soon(now)
 
     def begin(self, rollout: Rollout, now: float) -> None:
         """Queue a rollout; rollouts run one after another so none undoes another's stop."""

@@ -65,7 +65,9 @@ def render_status(state: dict[str, Any]) -> str:
     lines.append(f"config: {config}" + (f" (sha256 {sha[:12]})" if sha else " (no valid config: degraded)"))
     reload = state.get("last_reload")
     if reload:
-        verdict = "ok" if reload.get("ok") else "FAILED, kept the last good config"
+        verdict = "ok" if reload.get("ok") else (
+            "FAILED, kept the last good config" if reload.get("kept_config_sha256")
+            else "FAILED, and no config was valid before: no server runs")
         lines.append(f"last reload: {verdict} at {reload.get('at')} ({reload.get('source')})")
         lines += [f"  {error}" for error in reload.get("errors") or []]
     dashboard = state.get("dashboard")
@@ -88,11 +90,29 @@ def render_status(state: dict[str, Any]) -> str:
             progress = summary(download["done_bytes"], download["total_bytes"], download["rate_bps"],
                                download["eta_s"]) if download and download.get("total_bytes") else "listing files"
             lines.append(f"{name}: downloading {server.get('model')}: {progress}")
+        if server.get("waiting_reason") and server.get("state") == "waiting":
+            lines.append(f"{name}: waiting: {server['waiting_reason']}")
+        elif server.get("state") in ("starting", "backoff") and (server.get("last_exit") or {}).get("error"):
+            lines.append(f"{name}: last exit: {server['last_exit']['error']}")
     if state.get("memory"):
         from veloxd.gateway.memory import render_table
 
         lines += ["", *render_table(state["memory"])]
     return "\n".join(lines)
+
+
+EXIT_READY, EXIT_NOT_RUNNING, EXIT_NOT_READY = 0, 1, 3
+
+
+def status_code(state: dict[str, Any] | None) -> int:
+    """0 every server ready; 1 the daemon is not running; 3 it runs but something is not as configured."""
+    if state is None or not daemon_alive(state):
+        return EXIT_NOT_RUNNING
+    servers = state.get("servers") or {}
+    reload = state.get("last_reload") or {}
+    if state.get("degraded") or not reload.get("ok", True):
+        return EXIT_NOT_READY
+    return EXIT_READY if all(s.get("state") == "ready" for s in servers.values()) else EXIT_NOT_READY
 
 
 # ---- logs ------------------------------------------------------------------------------
@@ -113,6 +133,30 @@ def matches(line: str, server: str | None) -> bool:
     except json.JSONDecodeError:
         return False
     return isinstance(record, dict) and record.get("server") == server
+
+
+def log_mismatch(state: dict[str, Any] | None, log_file: Path) -> str | None:
+    """Why `log_file` is not what the running daemon writes, or None when it is (or no daemon runs)."""
+    alive = state is not None and daemon_alive(state)
+    if not log_file.exists():
+        if not alive:
+            return f"{log_file} does not exist, and no daemon is running with this state directory"
+        return (f"{log_file} does not exist (moved or deleted?); the daemon recreates it with its next "
+                "event, or at once on SIGHUP")
+    if state is None or not alive:
+        return None
+    daemon = state.get("daemon") or {}
+    recorded, ident = daemon.get("log_file"), daemon.get("log_file_id")
+    if recorded and Path(recorded).expanduser() != log_file:
+        return f"reading {log_file}, but the running daemon writes {recorded}"
+    try:
+        info = os.stat(log_file)
+    except OSError:
+        return None
+    if ident and [info.st_dev, info.st_ino] != list(ident):
+        return (f"{log_file} is not the file the running daemon writes (it was moved or replaced); the daemon "
+                "reopens the path with its next event, or at once on SIGHUP")
+    return None
 
 
 def read_lines(log_file: Path, server: str | None) -> Iterator[str]:

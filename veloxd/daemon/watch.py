@@ -54,19 +54,26 @@ class Debounce:
         self._first = None
 
 
-def stat_signature(path: Path) -> tuple[int, int, int] | None:
-    """(inode, size, mtime_ns) of `path`, or None if it is missing: a cheap 'did it change'."""
+def stat_signature(path: Path) -> tuple[int, ...] | None:
+    """(inode, size, mtime_ns, mode, uid) of `path`, or None if it is missing: a cheap 'did it change'.
+
+    Mode and owner count: a refused file (writable by others) is fixed by a chmod that leaves
+    its bytes and mtime alone.
+    """
     try:
         st = os.stat(path)
     except OSError:
         return None
-    return (st.st_ino, st.st_size, st.st_mtime_ns)
+    return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode, st.st_uid)
 
 
-def model_fingerprint(directory: Path) -> tuple[tuple[str, int, int], ...]:
-    """(name, size, mtime_ns) of each visible file in a model directory, sorted."""
+def model_fingerprint(directory: Path) -> tuple[Any, ...]:
+    """What a model path holds now: the directory's own inode, then (name, size, mtime_ns) of each
+    visible file, sorted; () when nothing is there. A directory renamed into place has a new inode
+    even when a copy kept every name, size and mtime."""
     entries = []
     try:
+        inode = os.stat(directory).st_ino
         with os.scandir(directory) as it:
             for entry in it:
                 if entry.name.startswith(".") or not entry.is_file():
@@ -78,15 +85,14 @@ def model_fingerprint(directory: Path) -> tuple[tuple[str, int, int], ...]:
                 entries.append((entry.name, st.st_size, st.st_mtime_ns))
     except OSError:
         return ()
-    return tuple(sorted(entries))
+    return (inode, *sorted(entries))
 
 
-def local_model_dir(model: str, base: Path | None = None) -> Path | None:
-    """The directory of a local-path model (mlx_lm treats an existing path as local), else None."""
-    path = Path(model).expanduser()
-    if not path.is_absolute() and base is not None:
-        path = base / path
-    return path.resolve() if path.is_dir() else None
+def watch_path(path: Path) -> Path:
+    """`path` with its parent's symlinks resolved (FSEvents reports /private/tmp/... for /tmp/...),
+    the path itself kept: it may not exist yet, or be replaced."""
+    path = Path(os.path.abspath(path))
+    return Path(os.path.realpath(path.parent)) / path.name
 
 
 class _Handler(FileSystemEventHandler):
@@ -94,7 +100,7 @@ class _Handler(FileSystemEventHandler):
         self._watcher = watcher
 
     def on_any_event(self, event: FileSystemEvent) -> None:
-        if event.event_type not in CHANGE_EVENTS or event.is_directory:
+        if event.event_type not in CHANGE_EVENTS:
             return
         paths = [os.fsdecode(event.src_path)]
         if getattr(event, "dest_path", ""):
@@ -103,18 +109,22 @@ class _Handler(FileSystemEventHandler):
 
 
 class Watcher:
-    """One watchdog observer over the config's directory and the local model directories."""
+    """One watchdog observer over the config's directory and the local model paths.
+
+    Each model path is watched twice: the directory itself (files written in place) and its
+    parent (the directory created, renamed into place, moved away or deleted). A watch follows
+    an inode, so `sync_models` re-aims it when the path names another directory than before.
+    """
 
     def __init__(self, config_path: Path, inbox: queue.SimpleQueue[Any]) -> None:
         # Real directory path: FSEvents reports /private/tmp/... for /tmp/..., for instance. A config
         # that is itself a symlink is followed by the loop's stat poll instead.
-        config_path = Path(os.path.abspath(config_path))
-        self.config_path = Path(os.path.realpath(config_path.parent)) / config_path.name
+        self.config_path = watch_path(config_path)
         self._inbox = inbox
         self._observer = Observer()
         self._observer.daemon = True
         self._handler = _Handler(self)
-        self._watches: dict[Path, Any] = {}
+        self._watches: dict[Path, tuple[Any, int]] = {}  # directory -> (watch, inode watched)
         self._model_dirs: frozenset[Path] = frozenset()
 
     def start(self) -> None:
@@ -130,12 +140,18 @@ class Watcher:
         return self._watch(self.config_path.parent)
 
     def set_model_dirs(self, directories: frozenset[Path]) -> None:
-        """Watch exactly these model directories (plus the config's directory)."""
-        for gone in self._model_dirs - directories:
-            if gone != self.config_path.parent:
-                self._unwatch(gone)
+        """Follow exactly these model paths (plus the config's directory)."""
         self._model_dirs = directories
-        for directory in directories:
+        self.sync_models()
+
+    def sync_models(self) -> None:
+        """Watch each model path and its parent as they are now (the loop calls this on its poll)."""
+        wanted = {self.config_path.parent}
+        for path in self._model_dirs:
+            wanted |= {path, path.parent}
+        for directory in set(self._watches) - wanted:
+            self._unwatch(directory)
+        for directory in wanted:
             self._watch(directory)
 
     def route(self, paths: list[str]) -> None:
@@ -144,21 +160,28 @@ class Watcher:
         for path in paths:
             if path == config:
                 self._inbox.put(m.ConfigTouched())
-            parent = Path(path).parent
-            if parent in self._model_dirs:
-                self._inbox.put(m.ModelTouched(str(parent)))
+            for candidate in (Path(path), Path(path).parent):
+                if candidate in self._model_dirs:
+                    self._inbox.put(m.ModelTouched(str(candidate)))
 
     def _watch(self, directory: Path) -> bool:
-        if directory in self._watches:
-            return True
         try:
-            self._watches[directory] = self._observer.schedule(self._handler, str(directory), recursive=False)
+            inode = os.stat(directory).st_ino
+        except OSError:
+            self._unwatch(directory)
+            return False
+        known = self._watches.get(directory)
+        if known is not None and known[1] == inode:
+            return True
+        self._unwatch(directory)  # the path names another directory now: re-aim the watch
+        try:
+            self._watches[directory] = (self._observer.schedule(self._handler, str(directory), recursive=False), inode)
         except OSError:
             return False
         return True
 
     def _unwatch(self, directory: Path) -> None:
-        watch = self._watches.pop(directory, None)
-        if watch is not None:
+        known = self._watches.pop(directory, None)
+        if known is not None:
             with contextlib.suppress(KeyError, OSError):
-                self._observer.unschedule(watch)
+                self._observer.unschedule(known[0])

@@ -272,7 +272,8 @@ def handler_class(model_id: str, accepted_names: set[str], api_key: str | None,
             if api_key is None or self.path == "/health":
                 return True
             header = self.headers.get("Authorization", "")
-            supplied = header[7:] if header.startswith("Bearer ") else ""
+            scheme, _, token = header.strip().partition(" ")
+            supplied = token.strip() if scheme.lower() == "bearer" else ""  # schemes are case-insensitive (RFC 7235)
             if hmac.compare_digest(supplied.encode(), api_key.encode()):
                 return True
             self._send_error(401, "missing or wrong bearer token", "invalid_api_key")

@@ -37,10 +37,11 @@ from veloxd.serve.adapter import (
     start_generator,
 )
 from veloxd.serve.doorbell import Doorbell, connect_group
+from veloxd.serve.lifeline import Stopper, watch_lifeline
 from veloxd.serve.limits import EffectiveLimits
 from veloxd.serve.options import ServeOptions
 from veloxd.serve.wiring import Wiring, wire_caches
-from veloxd.serve.worker import Stopper, ready_payload, watch_lifeline
+from veloxd.serve.worker import ready_payload
 
 FIGURES = ("pid", "kv_method", "kv_fp16", "layer_caches", "load_s")
 

@@ -8,7 +8,6 @@ the worker is gone within about STOP_JOIN_S even in the middle of a prefill.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -22,33 +21,12 @@ from veloxd import protocol
 from veloxd.protocol import ExitCode
 from veloxd.serve import preflight
 from veloxd.serve.adapter import PinnedProvider, ServerHandle, check_version, handler_class, model_names, server_args
+from veloxd.serve.lifeline import Stopper
 from veloxd.serve.limits import EffectiveLimits
 from veloxd.serve.options import ServeOptions
 from veloxd.serve.wiring import wire_caches
 
 STOP_JOIN_S = 2.0  # after a stop, wait this long for the generation thread's current step, then leave
-
-
-class Stopper:
-    """Records the first exit code asked for and stops the HTTP server (from any thread)."""
-
-    def __init__(self) -> None:
-        self.code: int | None = None
-        self._lock = threading.Lock()
-        self.handle: ServerHandle | None = None
-        self.stopped = threading.Event()  # set once a stop is asked for (a follower rank waits on it)
-
-    def stop(self, code: int, message: str | None = None) -> None:
-        with self._lock:
-            if self.code is not None:
-                return
-            self.code = code
-        self.stopped.set()
-        if message:
-            with contextlib.suppress(OSError):  # the daemon died and nobody reads stderr (EPIPE): still stop
-                print(f"veloxd serve: {message}", file=sys.stderr, flush=True)
-        if self.handle is not None:
-            threading.Thread(target=self.handle.httpd.shutdown, daemon=True).start()
 
 
 def endpoints(host: str, port: int) -> dict[str, str]:
@@ -105,24 +83,14 @@ def ready_payload(options: ServeOptions, model_id: str, wiring: Any, limits: Eff
     }
 
 
-def watch_lifeline(fd: int, stopper: Stopper) -> None:
-    """Block on the daemon's pipe; EOF means the daemon died: leave within a second."""
-    try:
-        while os.read(fd, 64):
-            pass
-    except OSError:
-        pass
-    threading.Timer(protocol.LIFELINE_GRACE_S, os._exit, args=(ExitCode.OK,)).start()  # a hung stop still leaves
-    stopper.stop(ExitCode.OK, "the daemon's lifeline closed; exiting")
-
-
 def watch_generation(handle: ServerHandle, stopper: Stopper) -> None:
     """A dead generation thread behind a live port hangs every request: exit instead."""
     handle.generator._generation_thread.join()
     stopper.stop(ExitCode.FAILED, "mlx_lm's generation thread stopped (see the error above); exiting")
 
 
-def serve(options: ServeOptions) -> int:
+def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
+    """Load, wire, READY, serve. `stopper` is the one the early lifeline watch already holds."""
     if options.distributed is not None:
         from veloxd.serve.distributed import serve_rank
 
@@ -135,7 +103,7 @@ def serve(options: ServeOptions) -> int:
     # Under the daemon every output line is already timestamped in its log: no second clock.
     shown = "%(levelname)s %(message)s" if options.lifeline_fd is not None else "%(asctime)s - %(levelname)s - %(message)s"
     logging.basicConfig(level=logging.INFO, format=shown)
-    stopper = Stopper()
+    stopper = stopper or Stopper()
     model_id, names = model_names(options.model)
     names |= set(options.served_names)
     started = time.monotonic()
@@ -173,10 +141,10 @@ def serve(options: ServeOptions) -> int:
         print(f"veloxd serve: error: --port {options.port}: cannot bind {options.host}:{options.port} ({err.strerror})", file=sys.stderr)
         return ExitCode.INVALID
     stopper.handle = handle
+    if stopper.code is not None:  # the lifeline closed while loading: the timer ends us anyway
+        return stopper.code
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopper.stop(ExitCode.OK))
-    if options.lifeline_fd is not None:
-        threading.Thread(target=watch_lifeline, args=(options.lifeline_fd, stopper), daemon=True).start()
     threading.Thread(target=watch_generation, args=(handle, stopper), daemon=True).start()
     if stopper.code is None:
         handle.serve_forever()

@@ -39,6 +39,8 @@ class DaemonClient:
 
     async def ask(self, payload: dict[str, Any]) -> dict[str, Any]:
         path = socket_path_of(self.state_dir)
+        if path is None:
+            raise DaemonUnreachable(f"no veloxd daemon found: {self.state_dir} names no control socket")
         return await asyncio.get_running_loop().run_in_executor(None, request_at, path, payload, 40.0)
 
 
