@@ -38,9 +38,9 @@ test: $(STAMP) browser
 test-fast: $(STAMP) browser
 	$(PYTEST) -m "not slow" tests $(NAME_NO_TESTS)
 
-# Lint and type-check the whole tree (config in pyproject.toml). The format check joins once the
-# tree has been formatted: then set FORMAT_CHECK := 1 here (or `make lint FORMAT_CHECK=1`).
-FORMAT_CHECK ?=
+# Lint, format check and type check of the whole tree (config in pyproject.toml);
+# `make lint FORMAT_CHECK=` skips the format check while a change is in progress.
+FORMAT_CHECK ?= 1
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(if $(FORMAT_CHECK),$(VENV)/bin/ruff format --check .)

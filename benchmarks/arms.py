@@ -43,8 +43,14 @@ class Arm:
         return make_caches(model, self.config())
 
     def to_dict(self) -> dict[str, Any]:
-        return {"label": self.label, "method": self.method, "family": self.family, "bits": self.bits,
-                "settings": dict(self.settings), "budget": self.budget}
+        return {
+            "label": self.label,
+            "method": self.method,
+            "family": self.family,
+            "bits": self.bits,
+            "settings": dict(self.settings),
+            "budget": self.budget,
+        }
 
 
 def availability(method: str) -> str | None:

@@ -60,8 +60,18 @@ class Daemon:
     def __init__(self, root: Path, config: Path) -> None:
         self.log = root / "veloxd.jsonl"
         self.state = root / "state"
-        argv = [sys.executable, "-m", "veloxd", "run", "--config", str(config), "--log-file", str(self.log),
-                "--state-dir", str(self.state)]
+        argv = [
+            sys.executable,
+            "-m",
+            "veloxd",
+            "run",
+            "--config",
+            str(config),
+            "--log-file",
+            str(self.log),
+            "--state-dir",
+            str(self.state),
+        ]
         self.proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def records(self) -> list[dict[str, Any]]:
@@ -126,8 +136,14 @@ def main() -> int:
                 sha = hashlib.sha256(text.encode()).hexdigest()
 
                 def ready_after(mark: int = mark) -> dict[str, Any] | None:
-                    return next((r for r in daemon.records()[mark:]
-                                 if r["event"] == "server_ready" and r["server"] == "edited"), None)
+                    return next(
+                        (
+                            r
+                            for r in daemon.records()[mark:]
+                            if r["event"] == "server_ready" and r["server"] == "edited"
+                        ),
+                        None,
+                    )
 
                 ready = daemon.wait(ready_after, 300, f"reload {i + 1}: edited server READY")
                 records = daemon.records()[mark:]
@@ -154,19 +170,28 @@ def main() -> int:
             code = daemon.proc.wait(120)
 
     quantiles = statistics.quantiles(latencies, n=10) if len(latencies) >= 2 else latencies * 9
-    print("veloxd daemon benchmark (real `veloxd run`, real workers on the tiny model, "
-          f"{os.cpu_count()} CPU cores, {sys.platform})")
+    print(
+        "veloxd daemon benchmark (real `veloxd run`, real workers on the tiny model, "
+        f"{os.cpu_count()} CPU cores, {sys.platform})"
+    )
     print(f"  reload latency (save -> changed server READY, minus its cold start), {reloads} reloads:")
-    print(f"    median {statistics.median(latencies):.3f} s, p90 {quantiles[8]:.3f} s, max {max(latencies):.3f} s"
-          f"  (target < 1 s: {'met' if max(latencies) < 1 else 'MISSED'} at max)")
-    print("    of which save -> config_reloaded (watch + debounce + validate): "
-          f"median {statistics.median(detect):.3f} s")
+    print(
+        f"    median {statistics.median(latencies):.3f} s, p90 {quantiles[8]:.3f} s, max {max(latencies):.3f} s"
+        f"  (target < 1 s: {'met' if max(latencies) < 1 else 'MISSED'} at max)"
+    )
+    print(
+        f"    of which save -> config_reloaded (watch + debounce + validate): median {statistics.median(detect):.3f} s"
+    )
     print(f"    of which stopping the old worker (SIGTERM -> exit): median {statistics.median(stops):.3f} s")
     print(f"    worker cold start subtracted: median {statistics.median(cold_starts):.3f} s")
-    print(f"  daemon CPU while idle with 2 READY servers over {wall1 - wall0:.1f} s: {idle_percent:.3f} % of one core "
-          f"({cpu1 - cpu0:.2f} CPU s; target < 1 %: {'met' if idle_percent < 1 else 'MISSED'})")
-    print(f"  unchanged server kept pid {keep_pid} across all {reloads} reloads: "
-          f"{'yes' if final['keep']['pid'] == keep_pid else 'NO'} (checked after every reload)")
+    print(
+        f"  daemon CPU while idle with 2 READY servers over {wall1 - wall0:.1f} s: {idle_percent:.3f} % of one core "
+        f"({cpu1 - cpu0:.2f} CPU s; target < 1 %: {'met' if idle_percent < 1 else 'MISSED'})"
+    )
+    print(
+        f"  unchanged server kept pid {keep_pid} across all {reloads} reloads: "
+        f"{'yes' if final['keep']['pid'] == keep_pid else 'NO'} (checked after every reload)"
+    )
     print(f"  daemon exit code after SIGTERM: {code}")
     return 0
 

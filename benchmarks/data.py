@@ -87,7 +87,9 @@ def long_held_out(corpus: TokenizedCorpus, length: int, count: int) -> list[tupl
     order = sorted(range(len(corpus.docs)), key=lambda i: (-len(corpus.docs[i]), corpus.names[i]))
     windows = [(corpus.names[i], corpus.docs[i][:length]) for i in order if len(corpus.docs[i]) >= length]
     if len(windows) < count:
-        stream = np.concatenate([corpus.docs[i] for i in sorted(range(len(corpus.docs)), key=lambda i: corpus.names[i])])
+        stream = np.concatenate(
+            [corpus.docs[i] for i in sorted(range(len(corpus.docs)), key=lambda i: corpus.names[i])]
+        )
         for start in range(0, len(stream) - length, length):
             windows.append((f"concat@{start}", stream[start : start + length]))
             if len(windows) >= count:
@@ -132,8 +134,9 @@ class TrainingStream:
     Returns (tokens, loss_mask): the first copy of a random span is unpredictable, so it is masked.
     """
 
-    def __init__(self, corpus: TokenizedCorpus, passkey: PassKey, vocab_size: int, seed: int,
-                 synthetic_fraction: float = 0.6):
+    def __init__(
+        self, corpus: TokenizedCorpus, passkey: PassKey, vocab_size: int, seed: int, synthetic_fraction: float = 0.6
+    ):
         self.corpus = corpus
         self.passkey = passkey
         self.vocab_size = vocab_size

@@ -69,9 +69,16 @@ class Arm:
         self.ready_at: float | None = None
         self.lines: list[str] = []
         self.marker = marker
-        self.proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, text=True, start_new_session=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            start_new_session=True,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        )
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
@@ -101,8 +108,9 @@ class Arm:
 
 def complete(port: int, max_tokens: int) -> tuple[float, int]:
     body = json.dumps({"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     started = time.monotonic()
     with urllib.request.urlopen(request, timeout=600) as response:
         usage = json.loads(response.read())["usage"]
@@ -135,42 +143,100 @@ def main() -> int:
     single = Arm([py, "-m", "veloxd", "serve", "--model", str(MODEL), *METHOD, "--port", str(port)], "VELOXD_READY")
     try:
         ready_s = single.wait_ready()
-        results["single"] = {"ready_s": round(ready_s, 2), **serve_figures(port, args.requests),
-                             "idle_cpu_pct": idle_cpu({"worker": single.proc.pid}, args.idle_s)}
+        results["single"] = {
+            "ready_s": round(ready_s, 2),
+            **serve_figures(port, args.requests),
+            "idle_cpu_pct": idle_cpu({"worker": single.proc.pid}, args.idle_s),
+        }
     finally:
         single.stop()
 
     port = free_port()
-    group = Arm([py, "-m", "veloxd.distributed.launcher", "--backend", "ring", "--starting-port", str(free_port()),
-                 "--hosts", "127.0.0.1,127.0.0.1", "--env", "PYTHONUNBUFFERED=1", "--",
-                 py, "-m", "veloxd", "serve", "--model", str(MODEL), *METHOD, "--port", str(port),
-                 "--distributed", "tensor", "--lifeline-fd", "0"], "[rank 0] VELOXD_READY")
+    group = Arm(
+        [
+            py,
+            "-m",
+            "veloxd.distributed.launcher",
+            "--backend",
+            "ring",
+            "--starting-port",
+            str(free_port()),
+            "--hosts",
+            "127.0.0.1,127.0.0.1",
+            "--env",
+            "PYTHONUNBUFFERED=1",
+            "--",
+            py,
+            "-m",
+            "veloxd",
+            "serve",
+            "--model",
+            str(MODEL),
+            *METHOD,
+            "--port",
+            str(port),
+            "--distributed",
+            "tensor",
+            "--lifeline-fd",
+            "0",
+        ],
+        "[rank 0] VELOXD_READY",
+    )
     try:
         ready_s = group.wait_ready()
         ranks = children(group.proc.pid)
-        results["group"] = {"ready_s": round(ready_s, 2), **serve_figures(port, args.requests),
-                            "idle_cpu_pct": idle_cpu({"launcher": group.proc.pid, "rank 0": ranks[0],
-                                                      "rank 1": ranks[1]}, args.idle_s)}
+        results["group"] = {
+            "ready_s": round(ready_s, 2),
+            **serve_figures(port, args.requests),
+            "idle_cpu_pct": idle_cpu({"launcher": group.proc.pid, "rank 0": ranks[0], "rank 1": ranks[1]}, args.idle_s),
+        }
     finally:
         group.stop()
 
     port = free_port()
-    upstream = Arm([py, "-c", "from mlx._distributed_utils.launch import main; main()", "-n", "2", "--backend", "ring", "--starting-port",
-                    str(free_port()), "--", py, "-m", "mlx_lm", "server", "--model", str(MODEL), "--port", str(port)],
-                   "Starting httpd")
+    upstream = Arm(
+        [
+            py,
+            "-c",
+            "from mlx._distributed_utils.launch import main; main()",
+            "-n",
+            "2",
+            "--backend",
+            "ring",
+            "--starting-port",
+            str(free_port()),
+            "--",
+            py,
+            "-m",
+            "mlx_lm",
+            "server",
+            "--model",
+            str(MODEL),
+            "--port",
+            str(port),
+        ],
+        "Starting httpd",
+    )
     try:
         upstream.wait_ready()
         ranks = children(upstream.proc.pid)
-        results["upstream"] = {**serve_figures(port, args.requests),  # its warm-up request loads the model
-                               "idle_cpu_pct": idle_cpu({"launcher": upstream.proc.pid, "rank 0": ranks[0],
-                                                         "rank 1": ranks[1]}, args.idle_s)}
+        results["upstream"] = {
+            **serve_figures(port, args.requests),  # its warm-up request loads the model
+            "idle_cpu_pct": idle_cpu(
+                {"launcher": upstream.proc.pid, "rank 0": ranks[0], "rank 1": ranks[1]}, args.idle_s
+            ),
+        }
     finally:
         upstream.stop()
 
     report(results, args.idle_s)
     args.json.parent.mkdir(parents=True, exist_ok=True)
-    args.json.write_text(json.dumps({"model": "veloxd/assets/tiny-llama", "method": "affine 4-bit",
-                                     "idle_s": args.idle_s, **results}, indent=2) + "\n")
+    args.json.write_text(
+        json.dumps(
+            {"model": "veloxd/assets/tiny-llama", "method": "affine 4-bit", "idle_s": args.idle_s, **results}, indent=2
+        )
+        + "\n"
+    )
     print(f"\nwrote {args.json.relative_to(REPO)}")
     return 0
 
@@ -179,8 +245,11 @@ def report(results: dict[str, Any], idle_s: float) -> None:
     single, group, upstream = results["single"], results["group"], results["upstream"]
     print("single process vs 2-rank group (tensor parallel, ring over loopback, tiny-llama, affine 4-bit)")
     print(f"{'':24}{'single':>12}{'2 ranks':>12}{'ratio':>10}{'upstream 2 ranks':>20}")
-    for key, label in (("ready_s", "READY time (s)"), ("latency_s", "16-token latency (s)"),
-                       ("tokens_per_s", "tokens/s (256 tokens)")):
+    for key, label in (
+        ("ready_s", "READY time (s)"),
+        ("latency_s", "16-token latency (s)"),
+        ("tokens_per_s", "tokens/s (256 tokens)"),
+    ):
         theirs = upstream.get(key, "-")
         print(f"{label:24}{single[key]:>12}{group[key]:>12}{group[key] / single[key]:>10.2f}{theirs:>20}")
     print("(upstream: mlx.launch + mlx_lm server with mlx_lm's fp16 cache; it loads on the first request)")

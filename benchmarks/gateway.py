@@ -110,13 +110,22 @@ class Daemon:
         self.log = root / "veloxd.jsonl"
         self.config = root / "veloxd.yaml"
         entry = {"model": str(MODEL), "method": "fp16", "ready_timeout_s": LOAD_S}
-        servers = {"alpha": {**entry, "port": direct_port},
-                   "lazy": {**entry, "start": "on_demand", "idle_unload_s": 1}}
+        servers = {"alpha": {**entry, "port": direct_port}, "lazy": {**entry, "start": "on_demand", "idle_unload_s": 1}}
         lines = ["version: 1", f"gateway: {json.dumps({'port': gateway_port})}", "servers:"]
         lines += [f"  {name}: {json.dumps(body)}" for name, body in servers.items()]
         self.config.write_text("\n".join(lines) + "\n")
-        argv = [sys.executable, "-m", "veloxd", "run", "--config", str(self.config), "--log-file", str(self.log),
-                "--state-dir", str(root / "state")]
+        argv = [
+            sys.executable,
+            "-m",
+            "veloxd",
+            "run",
+            "--config",
+            str(self.config),
+            "--log-file",
+            str(self.log),
+            "--state-dir",
+            str(root / "state"),
+        ]
         self.proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
     def events(self, event: str, **match: Any) -> list[dict[str, Any]]:
@@ -173,18 +182,30 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 cold.append((seconds, worker))
         finally:
             daemon.stop()
-    return {"latency": latency, "ttft": ttft, "rates": rates, "cold": cold, "requests": args.requests,
-            "gateway_cpu_s_per_request": gateway_cpu, "load_average": os.getloadavg()}
+    return {
+        "latency": latency,
+        "ttft": ttft,
+        "rates": rates,
+        "cold": cold,
+        "requests": args.requests,
+        "gateway_cpu_s_per_request": gateway_cpu,
+        "load_average": os.getloadavg(),
+    }
 
 
 def report(result: dict[str, Any]) -> str:
     lat, ttft, rates = result["latency"], result["ttft"], result["rates"]
     ms = 1000.0
-    lines = [f"gateway vs direct-to-worker (tiny-llama fp16, {result['requests']} interleaved requests per side)",
-             "", f"{'':34}{'direct':>12}{'gateway':>12}{'added':>12}"]
+    lines = [
+        f"gateway vs direct-to-worker (tiny-llama fp16, {result['requests']} interleaved requests per side)",
+        "",
+        f"{'':34}{'direct':>12}{'gateway':>12}{'added':>12}",
+    ]
 
     def row(label: str, a: float, b: float, unit: str = "ms", scale: float = ms) -> None:
-        lines.append(f"{label:34}{a * scale:>10.2f}{unit:>2}{b * scale:>10.2f}{unit:>2}{(b - a) * scale:>+10.2f}{unit:>2}")
+        lines.append(
+            f"{label:34}{a * scale:>10.2f}{unit:>2}{b * scale:>10.2f}{unit:>2}{(b - a) * scale:>+10.2f}{unit:>2}"
+        )
 
     row("short completion p50", statistics.median(lat["direct"]), statistics.median(lat["gateway"]))
     row("short completion p99", percentile(lat["direct"], 0.99), percentile(lat["gateway"], 0.99))
@@ -193,18 +214,27 @@ def report(result: dict[str, Any]) -> str:
         direct, gateway = rates["direct"][clients], rates["gateway"][clients]
         ratios = [g / d for d, g in zip(direct, gateway)]  # adjacent rounds: the same load, ideally
         low, _, high = statistics.quantiles(ratios, n=4)
-        lines.append(f"{f'throughput, {clients} client(s), tokens/s':34}{statistics.mean(direct):>12.1f}"
-                     f"{statistics.mean(gateway):>12.1f}{(statistics.median(ratios) - 1) * 100:>+11.1f}%"
-                     f"  (per-round ratio IQR {low:.2f}-{high:.2f})")
+        lines.append(
+            f"{f'throughput, {clients} client(s), tokens/s':34}{statistics.mean(direct):>12.1f}"
+            f"{statistics.mean(gateway):>12.1f}{(statistics.median(ratios) - 1) * 100:>+11.1f}%"
+            f"  (per-round ratio IQR {low:.2f}-{high:.2f})"
+        )
     for seconds, worker in result["cold"]:
-        lines.append(f"{'cold start: worker alone / on-demand':34}{worker * ms:>10.0f}ms{seconds * ms:>10.0f}ms"
-                     f"{(seconds - worker) * ms:>+10.0f}ms")
+        lines.append(
+            f"{'cold start: worker alone / on-demand':34}{worker * ms:>10.0f}ms{seconds * ms:>10.0f}ms"
+            f"{(seconds - worker) * ms:>+10.0f}ms"
+        )
     lines.append(f"{'gateway CPU per short completion':34}{'':12}{result['gateway_cpu_s_per_request'] * ms:>10.2f}ms")
     load = ", ".join(f"{x:.1f}" for x in result["load_average"])
-    lines += ["", f"load average during the run: {load} on {os.cpu_count()} CPUs (a busy machine adds scheduling "
-              "delay to every extra process hop)"]
-    lines += ["targets: < 5 ms added p50 latency, < 3 % throughput loss; on-demand cold start = the worker's "
-              "own cold start + the first (1-token) completion + gateway polling"]
+    lines += [
+        "",
+        f"load average during the run: {load} on {os.cpu_count()} CPUs (a busy machine adds scheduling "
+        "delay to every extra process hop)",
+    ]
+    lines += [
+        "targets: < 5 ms added p50 latency, < 3 % throughput loss; on-demand cold start = the worker's "
+        "own cold start + the first (1-token) completion + gateway polling"
+    ]
     return "\n".join(lines)
 
 

@@ -45,14 +45,44 @@ class Plan:
 
     @classmethod
     def full(cls) -> Plan:
-        at_4k = ("fp16", "mlx-q2", "mlx-q4", "mlx-q8", "affine-2", "affine-4", "affine-rot-4", "affine-k8v4",
-                 "kivi-2", "kivi-4", "turboquant_mse-3", "turboquant_prod-3", "qjl-4")
+        at_4k = (
+            "fp16",
+            "mlx-q2",
+            "mlx-q4",
+            "mlx-q8",
+            "affine-2",
+            "affine-4",
+            "affine-rot-4",
+            "affine-k8v4",
+            "kivi-2",
+            "kivi-4",
+            "turboquant_mse-3",
+            "turboquant_prod-3",
+            "qjl-4",
+        )
         at_4k += tuple(f"{m}-{b}" for m in ("streaming_llm", "knorm", "snapkv", "tova", "h2o") for b in (512, 1024))
-        at_8k = ("fp16", "mlx-q4", "mlx-q8", "affine-4", "kivi-4", "turboquant_mse-3", "streaming_llm-512",
-                 "snapkv-512")
-        return cls((1024, 4096), {1024: 4, 4096: 3, 8192: 1}, {1024: 48, 4096: 32, 8192: 16},
-                   {4096: at_4k, 8192: at_8k}, 1024, DEPTHS, 2, optional_context=8192,
-                   budget_minutes=40.0, shares={1024: 0.25, 4096: 0.7})
+        at_8k = (
+            "fp16",
+            "mlx-q4",
+            "mlx-q8",
+            "affine-4",
+            "kivi-4",
+            "turboquant_mse-3",
+            "streaming_llm-512",
+            "snapkv-512",
+        )
+        return cls(
+            (1024, 4096),
+            {1024: 4, 4096: 3, 8192: 1},
+            {1024: 48, 4096: 32, 8192: 16},
+            {4096: at_4k, 8192: at_8k},
+            1024,
+            DEPTHS,
+            2,
+            optional_context=8192,
+            budget_minutes=40.0,
+            shares={1024: 0.25, 4096: 0.7},
+        )
 
     @classmethod
     def quick(cls) -> Plan:
@@ -61,9 +91,15 @@ class Plan:
     @classmethod
     def custom(cls, contexts: list[int], docs: int, decode: int, labels: tuple[str, ...], passkey: bool) -> Plan:
         """A small explicit plan (tests, spot checks): `labels` restricts the arms at every context."""
-        return cls(tuple(contexts), {c: docs for c in contexts}, {c: decode for c in contexts},
-                   {c: labels for c in contexts} if labels else {}, min(contexts),
-                   (0.1, 0.9) if passkey else (), 1)
+        return cls(
+            tuple(contexts),
+            {c: docs for c in contexts},
+            {c: decode for c in contexts},
+            {c: labels for c in contexts} if labels else {},
+            min(contexts),
+            (0.1, 0.9) if passkey else (),
+            1,
+        )
 
 
 def arms_for(context: int, plan: Plan, quick: bool) -> list[arm_defs.Arm]:
@@ -72,8 +108,14 @@ def arms_for(context: int, plan: Plan, quick: bool) -> list[arm_defs.Arm]:
     return [a for a in arms if a.label in subset] if subset else arms
 
 
-def measure_context(variants: list[BenchModel], arms: list[arm_defs.Arm], windows: list[np.ndarray],
-                    prompt_len: int, log, deadline: float = float("inf")) -> dict[str, dict[str, Samples]]:
+def measure_context(
+    variants: list[BenchModel],
+    arms: list[arm_defs.Arm],
+    windows: list[np.ndarray],
+    prompt_len: int,
+    log,
+    deadline: float = float("inf"),
+) -> dict[str, dict[str, Samples]]:
     """{variant: {arm label: Samples}}; fp16 must be the first arm (it is the reference).
 
     Stops early (keeping at least one document) when the next document would end past `deadline`.
@@ -108,8 +150,9 @@ def measure_context(variants: list[BenchModel], arms: list[arm_defs.Arm], window
 def rows_for(results: dict[str, dict[str, Samples]], arms: list[arm_defs.Arm], context: int) -> list[dict]:
     rows = []
     # Both variants compute the same function with the same shapes: their speed runs are pooled.
-    pooled = {a.label: speed(Samples(runs=[r for by_arm in results.values() for r in by_arm[a.label].runs]))
-              for a in arms}
+    pooled = {
+        a.label: speed(Samples(runs=[r for by_arm in results.values() for r in by_arm[a.label].runs])) for a in arms
+    }
     for variant, by_arm in results.items():
         summaries = {}
         for arm in arms:
@@ -126,8 +169,9 @@ def rows_for(results: dict[str, dict[str, Samples]], arms: list[arm_defs.Arm], c
     return rows
 
 
-def passkey_rows(variants: list[BenchModel], arms: list[arm_defs.Arm], plan: Plan, filler: list[np.ndarray],
-                 passkey: PassKey, log) -> list[dict]:
+def passkey_rows(
+    variants: list[BenchModel], arms: list[arm_defs.Arm], plan: Plan, filler: list[np.ndarray], passkey: PassKey, log
+) -> list[dict]:
     length = plan.passkey_length
     cases = trials(passkey, filler, length, plan.passkey_depths, plan.passkey_keys)
     chosen = [a for a in arms if a.label == "fp16" or a.family == "eviction" or a.bits == 2]
@@ -205,14 +249,24 @@ def main(argv: list[str] | None = None) -> int:
     import mlx.core as mx
 
     probe = mx.array(held_out.docs[0][:512])[None]  # (1, 512)
-    variant_check = {"max_abs_logit_diff": max_logit_difference(base.model, variant.model, probe),
-                     "key_max_over_median": {base.name: key_channel_stats(base.model, probe)["max_over_median"],
-                                             variant.name: key_channel_stats(variant.model, probe)["max_over_median"]}}
+    variant_check = {
+        "max_abs_logit_diff": max_logit_difference(base.model, variant.model, probe),
+        "key_max_over_median": {
+            base.name: key_channel_stats(base.model, probe)["max_over_median"],
+            variant.name: key_channel_stats(variant.model, probe)["max_over_median"],
+        },
+    }
     log("variant_checked", **variant_check)
     variants = [base, variant]
 
-    report: dict[str, Any] = {"provenance": provenance(path), "plan": plan.__dict__, "variant_check": variant_check,
-                              "rows": [], "unavailable": {}, "passkey": []}
+    report: dict[str, Any] = {
+        "provenance": provenance(path),
+        "plan": plan.__dict__,
+        "variant_check": variant_check,
+        "rows": [],
+        "unavailable": {},
+        "passkey": [],
+    }
     cost: dict[int, float] = {}  # seconds per (document x variant x arm) at each context
 
     def run_context(context: int, chosen_variants: list[BenchModel]) -> None:
@@ -221,8 +275,14 @@ def main(argv: list[str] | None = None) -> int:
         E = plan.decode[context]
         docs = affordable_docs(plan, context, cost, len(arms) * len(chosen_variants), time.time() - started)
         windows = [w for _, w in long_held_out(held_out, context + E, docs)]
-        log("context_started", context=context, arms=len(arms), docs=len(windows), planned_docs=plan.docs[context],
-            unavailable=sorted(unavailable))
+        log(
+            "context_started",
+            context=context,
+            arms=len(arms),
+            docs=len(windows),
+            planned_docs=plan.docs[context],
+            unavailable=sorted(unavailable),
+        )
         begun = time.time()
         share = plan.shares.get(context, 1.0)
         deadline = begun + share * (plan.budget_minutes * 60 - PASSKEY_RESERVE_S)

@@ -43,8 +43,11 @@ def one_kill(delay_s: float) -> float:
         config.write_text(f"version: 1\nservers:\n  slow: {json.dumps(entry)}\n")
         daemon = Daemon(root, config)
         try:
-            starting = daemon.wait(lambda: next((r for r in daemon.records() if r["event"] == "server_starting"
-                                                 and r.get("pid")), None), 120, "server_starting")
+            starting = daemon.wait(
+                lambda: next((r for r in daemon.records() if r["event"] == "server_starting" and r.get("pid")), None),
+                120,
+                "server_starting",
+            )
             time.sleep(delay_s)
             daemon.proc.send_signal(signal.SIGKILL)
             daemon.proc.wait(60)
@@ -67,8 +70,10 @@ def main() -> int:
     print(f"starting worker gone after its daemon's SIGKILL ({os.cpu_count()} CPU cores):")
     for delay, seconds in zip(delays, gone, strict=True):
         print(f"  killed {delay:.1f} s after server_starting: gone after {seconds:.2f} s")
-    print(f"  max {max(gone):.2f} s, median {statistics.median(gone):.2f} s (target < 2 s: "
-          f"{'met' if max(gone) < 2 else 'MISSED'})")
+    print(
+        f"  max {max(gone):.2f} s, median {statistics.median(gone):.2f} s (target < 2 s: "
+        f"{'met' if max(gone) < 2 else 'MISSED'})"
+    )
     return 0
 
 

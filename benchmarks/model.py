@@ -53,8 +53,9 @@ def outlier_rows(head_dim: int, n_heads: int, pairs: tuple[int, ...]) -> list[in
     return [h * head_dim + j for h in range(n_heads) for i in pairs for j in (i, i + half)]
 
 
-def with_outlier_keys(bench: BenchModel, scale: float = OUTLIER_SCALE,
-                      pairs: tuple[int, ...] = OUTLIER_PAIRS) -> BenchModel:
+def with_outlier_keys(
+    bench: BenchModel, scale: float = OUTLIER_SCALE, pairs: tuple[int, ...] = OUTLIER_PAIRS
+) -> BenchModel:
     """A second, function-preserving copy of the model whose keys have outlier channels."""
     from mlx_lm import load as mlx_load
 

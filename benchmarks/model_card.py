@@ -48,12 +48,21 @@ def late_identifier_recall(nll_windows: list[tuple[np.ndarray, np.ndarray]], spl
         early = set(window[:split].tolist())
         for position in range(split, len(window) - 1):
             (seen if int(window[position + 1]) in early else unseen).append(nll[position])
-    return {"nll_repeated": float(np.mean(seen)), "nll_new": float(np.mean(unseen)),
-            "repeated_fraction": len(seen) / max(1, len(seen) + len(unseen))}
+    return {
+        "nll_repeated": float(np.mean(seen)),
+        "nll_new": float(np.mean(unseen)),
+        "repeated_fraction": len(seen) / max(1, len(seen) + len(unseen)),
+    }
 
 
-def copy_loss(model: Any, vocab: int, gaps: tuple[int, ...] = (0, 100, 400), span: int = 30,
-              trials_per_gap: int = 4, seed: int = 0) -> dict[str, float]:
+def copy_loss(
+    model: Any,
+    vocab: int,
+    gaps: tuple[int, ...] = (0, 100, 400),
+    span: int = 30,
+    trials_per_gap: int = 4,
+    seed: int = 0,
+) -> dict[str, float]:
     """Mean NLL on the second copy of a random-token span after a random-token gap.
 
     An induction (copying) head drives this toward 0; ln(vocab) is the uniform guess.
@@ -65,7 +74,7 @@ def copy_loss(model: Any, vocab: int, gaps: tuple[int, ...] = (0, 100, 400), spa
         for _ in range(trials_per_gap):
             first = rng.integers(6, vocab, size=span)
             sequence = np.concatenate([first, rng.integers(6, vocab, size=gap), first])
-            losses.append(token_nll(model, sequence)[-(span - 1):].mean())  # copy tokens after its first
+            losses.append(token_nll(model, sequence)[-(span - 1) :].mean())  # copy tokens after its first
         out[str(gap)] = float(np.mean(losses))
     return out
 
@@ -104,8 +113,10 @@ def evaluate(path: Path, windows: int = 12, passkey_keys: int = 4) -> dict[str, 
         "uniform_nll": float(np.log(vocab - 6)),
         "outlier_variant": {
             "max_abs_logit_diff": max_logit_difference(bench.model, variant.model, probe),
-            "key_max_over_median": [key_channel_stats(bench.model, probe)["max_over_median"],
-                                    key_channel_stats(variant.model, probe)["max_over_median"]],
+            "key_max_over_median": [
+                key_channel_stats(bench.model, probe)["max_over_median"],
+                key_channel_stats(variant.model, probe)["max_over_median"],
+            ],
         },
     }
 

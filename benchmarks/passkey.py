@@ -19,8 +19,14 @@ from benchmarks.measure import prefill
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 
 
-def trials(passkey: PassKey, filler: list[np.ndarray], length: int, depths: tuple[float, ...],
-           keys_per_depth: int, seed: int = 0) -> list[tuple[float, np.ndarray, np.ndarray]]:
+def trials(
+    passkey: PassKey,
+    filler: list[np.ndarray],
+    length: int,
+    depths: tuple[float, ...],
+    keys_per_depth: int,
+    seed: int = 0,
+) -> list[tuple[float, np.ndarray, np.ndarray]]:
     """(depth, prompt ids, answer ids) for every trial; fillers rotate over held-out windows."""
     rng = random.Random(seed)
     out = []
@@ -43,8 +49,9 @@ def answer_matches(model: Any, caches: list[Any], prompt: np.ndarray, answer: np
     return True
 
 
-def accuracy_by_depth(model: Any, make_caches: Callable[[], list[Any]],
-                      cases: list[tuple[float, np.ndarray, np.ndarray]]) -> dict[str, Any]:
+def accuracy_by_depth(
+    model: Any, make_caches: Callable[[], list[Any]], cases: list[tuple[float, np.ndarray, np.ndarray]]
+) -> dict[str, Any]:
     hits: dict[float, list[bool]] = {}
     for depth, prompt, answer in cases:
         hits.setdefault(depth, []).append(answer_matches(model, make_caches(), prompt, answer))

@@ -11,8 +11,12 @@ from benchmarks.provenance import caption
 
 RESULTS = Path(__file__).resolve().parent / "results"
 KL_FLOOR = 1e-6  # log axis: a KL of exactly 0 (fp16 against itself) is drawn at the floor
-STYLE = {"baseline": ("black", "*"), "peer": ("tab:red", "s"), "quantization": ("tab:blue", "o"),
-         "eviction": ("tab:green", "^")}
+STYLE = {
+    "baseline": ("black", "*"),
+    "peer": ("tab:red", "s"),
+    "quantization": ("tab:blue", "o"),
+    "eviction": ("tab:green", "^"),
+}
 
 
 def pareto_plot(rows: list[dict[str, Any]], title: str, note: str, out: Path) -> Path:
@@ -27,15 +31,34 @@ def pareto_plot(rows: list[dict[str, Any]], title: str, note: str, out: Path) ->
     for family, (color, marker) in STYLE.items():
         mine = [r for r in rows if r["family"] == family]
         if mine:
-            ax.scatter([r["stored_vs_fp16"] for r in mine], [max(r["kl_mean"], KL_FLOOR) for r in mine],
-                       c=color, marker=marker, s=60, label=family if family != "peer" else "mlx_lm QuantizedKVCache")
+            ax.scatter(
+                [r["stored_vs_fp16"] for r in mine],
+                [max(r["kl_mean"], KL_FLOOR) for r in mine],
+                c=color,
+                marker=marker,
+                s=60,
+                label=family if family != "peer" else "mlx_lm QuantizedKVCache",
+            )
     for r in rows:
         weight = "bold" if r["label"] in on_front else "normal"
-        ax.annotate(r["label"], (r["stored_vs_fp16"], max(r["kl_mean"], KL_FLOOR)), fontsize=7,
-                    xytext=(3, 3), textcoords="offset points", fontweight=weight)
+        ax.annotate(
+            r["label"],
+            (r["stored_vs_fp16"], max(r["kl_mean"], KL_FLOOR)),
+            fontsize=7,
+            xytext=(3, 3),
+            textcoords="offset points",
+            fontweight=weight,
+        )
     ordered = sorted((r for r in rows if r["label"] in on_front), key=lambda r: r["stored_vs_fp16"])
-    ax.step([r["stored_vs_fp16"] for r in ordered], [max(r["kl_mean"], KL_FLOOR) for r in ordered],
-            where="post", color="gray", linestyle="--", linewidth=1, label="Pareto front")
+    ax.step(
+        [r["stored_vs_fp16"] for r in ordered],
+        [max(r["kl_mean"], KL_FLOOR) for r in ordered],
+        where="post",
+        color="gray",
+        linestyle="--",
+        linewidth=1,
+        label="Pareto front",
+    )
     ax.set_yscale("log")
     ax.set_xlabel("stored bytes per token / fp16 cache")
     ax.set_ylabel("mean KL(fp16 || method) of next-token distributions (nats)")
@@ -55,7 +78,9 @@ def render(report: dict[str, Any], out_dir: Path = RESULTS) -> list[Path]:
     prov = report["provenance"]
     for variant in sorted({r["variant"] for r in report["rows"]}):
         for context in sorted({r["context"] for r in report["rows"] if r["variant"] == variant}):
-            rows = [r for r in report["rows"] if r["variant"] == variant and r["context"] == context and not r.get("error")]
+            rows = [
+                r for r in report["rows"] if r["variant"] == variant and r["context"] == context and not r.get("error")
+            ]
             if len(rows) < 2:
                 continue
             positions = max((r.get("positions") or 0) for r in rows)

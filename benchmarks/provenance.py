@@ -53,5 +53,7 @@ def provenance(model_path: Path | None = None) -> dict[str, Any]:
 
 def caption(info: dict[str, Any], runs: str) -> str:
     """One line for under a table or plot."""
-    return (f"{info['machine']}; MLX {info['mlx']} ({info['device']}), mlx_lm {info['mlx_lm']}; "
-            f"{info['dtype'].split(' (')[0]}; {runs}; {info['date']}")
+    return (
+        f"{info['machine']}; MLX {info['mlx']} ({info['device']}), mlx_lm {info['mlx_lm']}; "
+        f"{info['dtype'].split(' (')[0]}; {runs}; {info['date']}"
+    )

@@ -30,15 +30,20 @@ def main_rows(report: dict[str, Any], variant: str, context: int) -> list[dict[s
 
 def main_table(rows: list[dict[str, Any]], outlier_rows: dict[str, dict[str, Any]]) -> str:
     on_front = set(front(rows))
-    lines = ["| method | family | stored ÷ fp16 | KL mean | KL mean, realistic keys | top-1 | prefill peak ÷ fp16 | "
-             "decode peak ÷ fp16 | decode ÷ fp16 (CPU) | Pareto |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [
+        "| method | family | stored ÷ fp16 | KL mean | KL mean, realistic keys | top-1 | prefill peak ÷ fp16 | "
+        "decode peak ÷ fp16 | decode ÷ fp16 (CPU) | Pareto |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
     for r in sorted(rows, key=lambda r: (r["family"] != "baseline", r["family"], r["stored_vs_fp16"] or 0)):
         other = outlier_rows.get(r["label"], {})
-        lines.append(f"| `{r['label']}` | {r['family']} | {fmt(r.get('stored_vs_fp16'), 3)} | {fmt(r.get('kl_mean'), 4)} | "
-                     f"{fmt(other.get('kl_mean'), 4)} | {fmt(r.get('top1_agreement'), 3)} | "
-                     f"{fmt(r.get('prefill_peak_vs_fp16'), 2)} | {fmt(r.get('decode_peak_vs_fp16'), 2)} | "
-                     f"{fmt(r.get('decode_speed_vs_fp16'), 2)} | "
-                     f"{'yes' if r['label'] in on_front else ''} |")
+        lines.append(
+            f"| `{r['label']}` | {r['family']} | {fmt(r.get('stored_vs_fp16'), 3)} | {fmt(r.get('kl_mean'), 4)} | "
+            f"{fmt(other.get('kl_mean'), 4)} | {fmt(r.get('top1_agreement'), 3)} | "
+            f"{fmt(r.get('prefill_peak_vs_fp16'), 2)} | {fmt(r.get('decode_peak_vs_fp16'), 2)} | "
+            f"{fmt(r.get('decode_speed_vs_fp16'), 2)} | "
+            f"{'yes' if r['label'] in on_front else ''} |"
+        )
     return "\n".join(lines)
 
 
@@ -48,12 +53,19 @@ def context_block(report: dict[str, Any], variants: list[str], context: int) -> 
     outliers = {r["label"]: r for r in main_rows(report, realistic, context)}
     positions = max((r.get("positions") or 0) for r in rows)
     runs = max((r.get("speed_runs") or 0) for r in rows)
-    block = [f"### {context}-token prompts", "",
-             f"_{caption(report['provenance'], f'{positions} teacher-forced positions per method, speeds median of {runs} runs')}_",
-             "", main_table(rows, outliers), ""]
+    block = [
+        f"### {context}-token prompts",
+        "",
+        f"_{caption(report['provenance'], f'{positions} teacher-forced positions per method, speeds median of {runs} runs')}_",
+        "",
+        main_table(rows, outliers),
+        "",
+    ]
     for v in variants:
         if main_rows(report, v, context):
-            block.append(f"On the Pareto front ({v}): " + ", ".join(f"`{x}`" for x in front(main_rows(report, v, context))) + ".")
+            block.append(
+                f"On the Pareto front ({v}): " + ", ".join(f"`{x}`" for x in front(main_rows(report, v, context))) + "."
+            )
     return block + [""]
 
 
@@ -63,12 +75,15 @@ def render(report: dict[str, Any], contexts: tuple[int, ...] = (1024, 4096)) -> 
     chosen = [c for c in contexts if c in measured] or measured[:1]
     plot = f"../benchmarks/results/pareto_{variants[-1].replace('+', '_')}_{chosen[0]}.png"
     text = [
-        "# Results", "",
+        "# Results",
+        "",
         "Measured by `make bench` on the shipped tiny model (`veloxd/assets/tiny-llama`, see its MODEL_CARD.md); "
         "full tables (resident memory, KL p99, PPL, prefill speed, 8k) in `benchmarks/results/RESULTS.md`, every "
         "figure in `benchmarks/results/kv.json`. *KL mean, realistic keys* is the same model with outlier key "
-        "channels (function unchanged).", "",
-        f"![KL vs stored bytes, {variants[-1]}, {chosen[0]} tokens]({plot})", "",
+        "channels (function unchanged).",
+        "",
+        f"![KL vs stored bytes, {variants[-1]}, {chosen[0]} tokens]({plot})",
+        "",
     ]
     for context in chosen:
         text += context_block(report, variants, context)

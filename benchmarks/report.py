@@ -52,9 +52,11 @@ def fp16_absolute(rows: list[dict[str, Any]]) -> str:
     ref = next((r for r in rows if r["label"] == "fp16" and not r.get("error")), None)
     if ref is None:
         return ""
-    return (f"fp16 reference: {ref['stored_bytes_per_token']:.0f} stored B/token (all layers), prefill "
-            f"{ref['prefill_tokens_per_s']:.0f} tok/s, decode {ref['decode_tokens_per_s']:.1f} tok/s "
-            f"(median of {ref['speed_runs']} interleaved runs), prefill peak {ref['prefill_peak_bytes'] / 2**20:.1f} MiB.")
+    return (
+        f"fp16 reference: {ref['stored_bytes_per_token']:.0f} stored B/token (all layers), prefill "
+        f"{ref['prefill_tokens_per_s']:.0f} tok/s, decode {ref['decode_tokens_per_s']:.1f} tok/s "
+        f"(median of {ref['speed_runs']} interleaved runs), prefill peak {ref['prefill_peak_bytes'] / 2**20:.1f} MiB."
+    )
 
 
 def passkey_table(rows: list[dict[str, Any]]) -> str:
@@ -87,8 +89,10 @@ def kv_section(report: dict[str, Any]) -> str:
     check = report.get("variant_check", {})
     if check:
         ratios = check["key_max_over_median"]
-        out.append(f"Realistic-keys variant: max |logit diff| {check['max_abs_logit_diff']:.1e}; key channel "
-                   f"RMS max/median {' -> '.join(f'{v:.1f}' for v in ratios.values())}.")
+        out.append(
+            f"Realistic-keys variant: max |logit diff| {check['max_abs_logit_diff']:.1e}; key channel "
+            f"RMS max/median {' -> '.join(f'{v:.1f}' for v in ratios.values())}."
+        )
         out.append("")
     for variant in sorted({r["variant"] for r in report["rows"]}):
         for context in sorted({r["context"] for r in report["rows"]}):
@@ -96,16 +100,25 @@ def kv_section(report: dict[str, Any]) -> str:
             if not rows:
                 continue
             positions = max((r.get("positions") or 0) for r in rows)
-            out += [f"## {variant}, {context}-token prompts", "",
-                    f"{positions} teacher-forced positions per method; " + fp16_absolute(rows), "",
-                    table(rows), "",
-                    "Pareto front (stored bytes vs KL): " + ", ".join(f"`{x}`" for x in front(rows)), ""]
+            out += [
+                f"## {variant}, {context}-token prompts",
+                "",
+                f"{positions} teacher-forced positions per method; " + fp16_absolute(rows),
+                "",
+                table(rows),
+                "",
+                "Pareto front (stored bytes vs KL): " + ", ".join(f"`{x}`" for x in front(rows)),
+                "",
+            ]
     if report.get("passkey"):
         out += ["## Pass-key retrieval by depth", "", passkey_table(report["passkey"]), ""]
         if all(p["label"] == "fp16" for p in report["passkey"]):
-            out += ["The fp16 cache itself did not retrieve the key, so the methods were not pass-key tested; "
-                    "the `older-only token acc` column (next-token accuracy where the target occurs in the prompt but "
-                    "not in its last quarter) is the long-range probe instead.", ""]
+            out += [
+                "The fp16 cache itself did not retrieve the key, so the methods were not pass-key tested; "
+                "the `older-only token acc` column (next-token accuracy where the target occurs in the prompt but "
+                "not in its last quarter) is the long-range probe instead.",
+                "",
+            ]
     for context, why in report.get("skipped_contexts", {}).items():
         out += [f"{context}-token prompts were skipped: {why} (time budget of `make bench`).", ""]
     if report.get("unavailable"):

@@ -34,8 +34,10 @@ def main(argv: list[str] | None = None) -> int:
     plots.main(results)
     report.main(results)
     readme_section.main(results)
-    print(json.dumps({"event": "bench_finished", "seconds": round(time.time() - started, 1), "results": str(results)}),
-          flush=True)
+    print(
+        json.dumps({"event": "bench_finished", "seconds": round(time.time() - started, 1), "results": str(results)}),
+        flush=True,
+    )
     return 0
 
 

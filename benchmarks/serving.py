@@ -26,10 +26,14 @@ from benchmarks.model import model_path
 from benchmarks.provenance import provenance
 
 RESULTS = Path(__file__).resolve().parent / "results"
-PROMPT = "def parse_arguments(argv):\n    \"\"\"Parse the command line and return the options.\"\"\"\n"
+PROMPT = 'def parse_arguments(argv):\n    """Parse the command line and return the options."""\n'
 MAX_TOKENS = 64
-ARMS = (("mlx_lm.server", None, None), ("veloxd fp16", "fp16", None), ("veloxd affine-4", "affine", 4),
-        ("veloxd kivi-4", "kivi", 4))
+ARMS = (
+    ("mlx_lm.server", None, None),
+    ("veloxd fp16", "fp16", None),
+    ("veloxd affine-4", "affine", 4),
+    ("veloxd kivi-4", "kivi", 4),
+)
 
 
 def free_port() -> int:
@@ -48,8 +52,9 @@ def command(model: Path, method: str | None, bits: int | None, port: int) -> lis
 def complete(port: int, max_tokens: int, timeout: float = 120) -> int:
     """One greedy completion; returns the completion token count."""
     body = json.dumps({"prompt": PROMPT, "max_tokens": max_tokens, "temperature": 0.0}).encode()
-    request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions", data=body,
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions", data=body, headers={"Content-Type": "application/json"}
+    )
     with urllib.request.urlopen(request, timeout=timeout) as response:
         return int(json.loads(response.read())["usage"]["completion_tokens"])
 
@@ -95,8 +100,9 @@ def throughput(port: int, clients: int, requests_per_client: int, max_tokens: in
     """Completion tokens per second with `clients` concurrent clients."""
     start = time.perf_counter()
     with ThreadPoolExecutor(clients) as pool:
-        counts = list(pool.map(lambda _: sum(complete(port, max_tokens) for _ in range(requests_per_client)),
-                               range(clients)))
+        counts = list(
+            pool.map(lambda _: sum(complete(port, max_tokens) for _ in range(requests_per_client)), range(clients))
+        )
     return sum(counts) / (time.perf_counter() - start)
 
 
@@ -125,8 +131,12 @@ def summarize(samples: dict[str, list[dict[str, Any]]]) -> dict[str, Any]:
         out[label] = row
     plain = out.get("mlx_lm.server", {})
     for row in out.values():
-        for key, base_key in (("ready_vs_plain_first_answer", "first_answer_s"), ("first_answer_vs_plain", "first_answer_s"),
-                              ("throughput_1_vs_plain", "tokens_per_s_1"), ("throughput_4_vs_plain", "tokens_per_s_4")):
+        for key, base_key in (
+            ("ready_vs_plain_first_answer", "first_answer_s"),
+            ("first_answer_vs_plain", "first_answer_s"),
+            ("throughput_1_vs_plain", "tokens_per_s_1"),
+            ("throughput_4_vs_plain", "tokens_per_s_4"),
+        ):
             mine = row.get("ready_s" if key.startswith("ready") else base_key)
             row[key] = mine / plain[base_key] if mine is not None and plain.get(base_key) else None
     return out
@@ -148,10 +158,18 @@ def main(argv: list[str] | None = None) -> int:
                 samples[label].append(measure_arm(model, method, bits, args.quick))
             except Exception as error:  # report and keep going: one arm must not sink the others
                 samples[label].append({"error": f"{type(error).__name__}: {error}"})
-            print(json.dumps({"event": "serving_measured", "round": round_index, "arm": label,
-                              **samples[label][-1]}), flush=True)
-    report = {"provenance": {**provenance(model), "dtype": "float16 (weights as shipped, served as is)"},
-              "rounds": rounds, "prompt": PROMPT, "max_tokens": MAX_TOKENS, "samples": samples, "summary": summarize(samples)}
+            print(
+                json.dumps({"event": "serving_measured", "round": round_index, "arm": label, **samples[label][-1]}),
+                flush=True,
+            )
+    report = {
+        "provenance": {**provenance(model), "dtype": "float16 (weights as shipped, served as is)"},
+        "rounds": rounds,
+        "prompt": PROMPT,
+        "max_tokens": MAX_TOKENS,
+        "samples": samples,
+        "summary": summarize(samples),
+    }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps({"event": "serving_finished", "out": str(args.out)}), flush=True)

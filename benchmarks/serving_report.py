@@ -14,10 +14,13 @@ def cell(value: Any, digits: int = 2, suffix: str = "") -> str:
 def serving_section(report: dict[str, Any]) -> str:
     runs = f"median of {report['rounds']} interleaved rounds"
     lines = [
-        "## Serving: `veloxd serve` vs plain `mlx_lm.server` (same model)", "",
-        f"_{caption(report['provenance'], runs)}_", "",
+        "## Serving: `veloxd serve` vs plain `mlx_lm.server` (same model)",
+        "",
+        f"_{caption(report['provenance'], runs)}_",
+        "",
         f"Completions of {report['max_tokens']} tokens (greedy) on a short code prompt; cold start is process "
-        "start to READY (veloxd) and to the first answered request (both).", "",
+        "start to READY (veloxd) and to the first answered request (both).",
+        "",
         "| server | READY s | first answer s | READY ÷ plain first answer | tok/s, 1 client | ÷ plain | "
         "tok/s, 4 clients | ÷ plain |",
         "|---|---|---|---|---|---|---|---|",

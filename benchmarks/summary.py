@@ -87,21 +87,25 @@ def speed(samples: Samples) -> dict[str, Any]:
     }
 
 
-def ratios(row: dict[str, Any], reference: dict[str, Any], reference_itemsize: int = 4,
-           is_reference: bool = False) -> dict[str, Any]:
+def ratios(
+    row: dict[str, Any], reference: dict[str, Any], reference_itemsize: int = 4, is_reference: bool = False
+) -> dict[str, Any]:
     """Each figure over the fp16 arm's figure at the same context and variant.
 
     The reference cache holds `reference_itemsize`-byte elements in this run (float32 on CPU); its
     resident bytes are scaled to 2-byte elements, so `resident_vs_fp16` compares with a real fp16
     cache (conservative for compressed caches, whose float32 scales are counted at 4 bytes).
     """
+
     def over(key: str) -> float | None:
         a, b = row.get(key), reference.get(key)
         return float(a / b) if a is not None and b else None
 
     return {
         "stored_vs_fp16": over("stored_bytes_per_token"),
-        "resident_vs_fp16": 1.0 if is_reference else (over("resident_bytes_per_token") or 0) * reference_itemsize / 2 or None,
+        "resident_vs_fp16": 1.0
+        if is_reference
+        else (over("resident_bytes_per_token") or 0) * reference_itemsize / 2 or None,
         "prefill_peak_vs_fp16": over("prefill_peak_bytes"),
         "decode_peak_vs_fp16": over("decode_peak_bytes"),
         "prefill_speed_vs_fp16": over("prefill_tokens_per_s"),

@@ -54,8 +54,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100)
     p.add_argument("--checkpoint-minutes", type=float, default=5.0)
-    p.add_argument("--induction-warmup", type=float, default=0.0,
-                   help="fraction of the run spent first on 128-token span-copy data (0 = none)")
+    p.add_argument(
+        "--induction-warmup",
+        type=float,
+        default=0.0,
+        help="fraction of the run spent first on 128-token span-copy data (0 = none)",
+    )
     p.add_argument("--resume", action="store_true", help="continue from .cache/train_tiny_checkpoint")
     p.add_argument("--measure", action="store_true", help="time a few steps per phase and exit")
     return p.parse_args(argv)
@@ -145,8 +149,9 @@ class Trainer:
         mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
-def seconds_per_token(trainer: Trainer, stream: TrainingStream, batch_tokens: int,
-                      phases: list[tuple[float, int, bool]]) -> dict[int, float]:
+def seconds_per_token(
+    trainer: Trainer, stream: TrainingStream, batch_tokens: int, phases: list[tuple[float, int, bool]]
+) -> dict[int, float]:
     """Time two steps per context length (after one warm-up step) on a throwaway trainer."""
     timing = {}
     for _, length, _ in phases:
@@ -159,8 +164,9 @@ def seconds_per_token(trainer: Trainer, stream: TrainingStream, batch_tokens: in
     return timing
 
 
-def planned_steps(timing: dict[int, float], seconds: float, batch_tokens: int,
-                  phases: list[tuple[float, int, bool]]) -> int:
+def planned_steps(
+    timing: dict[int, float], seconds: float, batch_tokens: int, phases: list[tuple[float, int, bool]]
+) -> int:
     """Steps that fit `seconds` under the curriculum, given measured seconds per token."""
     bounds = [start for start, _, _ in phases] + [1.0]
     per_step = sum(
@@ -176,15 +182,27 @@ def main(argv: list[str] | None = None) -> int:
     split = documents()
     tokenizer = train_tokenizer(args.out, split["train"], args.vocab)
     corpus: TokenizedCorpus = tokenize(tokenizer, split["train"])
-    print(json.dumps({"event": "corpus_tokenized", "train_tokens": corpus.total, "docs": len(corpus.docs),
-                      "seconds": round(time.time() - started, 1)}), flush=True)
+    print(
+        json.dumps(
+            {
+                "event": "corpus_tokenized",
+                "train_tokens": corpus.total,
+                "docs": len(corpus.docs),
+                "seconds": round(time.time() - started, 1),
+            }
+        ),
+        flush=True,
+    )
     config = model_config(args)
     passkey = PassKey(tokenizer)
 
     timing_stream = TrainingStream(corpus, passkey, args.vocab, seed=args.seed + 1000)
     phases = curriculum(args.induction_warmup)
     timing = seconds_per_token(Trainer(args, config), timing_stream, args.batch_tokens, phases)
-    print(json.dumps({"event": "step_timed", "ms_per_1k_tokens": {k: round(v * 1e6, 1) for k, v in timing.items()}}), flush=True)
+    print(
+        json.dumps({"event": "step_timed", "ms_per_1k_tokens": {k: round(v * 1e6, 1) for k, v in timing.items()}}),
+        flush=True,
+    )
     if args.measure:
         return 0
     # 8 % margin: the cores are shared and the final save/eval needs time.
@@ -214,8 +232,13 @@ def main(argv: list[str] | None = None) -> int:
         window.append(trainer.run_step(tokens, mask, lr))
         step += 1
         if step % 20 == 0 or step == total:
-            record = {"step": step, "context": length, "loss": round(float(np.mean(window)), 4), "lr": round(lr, 6),
-                      "elapsed_min": round((time.time() - train_start) / 60, 2)}
+            record = {
+                "step": step,
+                "context": length,
+                "loss": round(float(np.mean(window)), 4),
+                "lr": round(lr, 6),
+                "elapsed_min": round((time.time() - train_start) / 60, 2),
+            }
             history.append(record)
             print(json.dumps({"event": "step_logged", **record}), flush=True)
             window = []

@@ -12,8 +12,9 @@ from pathlib import Path
 from testkit.tinymodel import write_tokenizer
 
 
-def write_tiny_pipeline_model(path: str | Path, *, vocab_size: int = 512, layers: int = 4, hidden: int = 128,
-                              seed: int = 0) -> Path:
+def write_tiny_pipeline_model(
+    path: str | Path, *, vocab_size: int = 512, layers: int = 4, hidden: int = 128, seed: int = 0
+) -> Path:
     """Create the model directory at `path` (idempotent)."""
     import mlx.core as mx
     from mlx.utils import tree_flatten
@@ -25,11 +26,21 @@ def write_tiny_pipeline_model(path: str | Path, *, vocab_size: int = 512, layers
     path.mkdir(parents=True, exist_ok=True)
     write_tokenizer(path, vocab_size)
     config = {
-        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": hidden,
-        "num_hidden_layers": layers, "intermediate_size": hidden * 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "rms_norm_eps": 1e-6, "vocab_size": vocab_size,
-        "max_position_embeddings": 8192, "rope_theta": 10000.0, "tie_word_embeddings": True,
-        "bos_token_id": 1, "eos_token_id": 2, "torch_dtype": "float32",
+        "model_type": "qwen2",
+        "architectures": ["Qwen2ForCausalLM"],
+        "hidden_size": hidden,
+        "num_hidden_layers": layers,
+        "intermediate_size": hidden * 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "vocab_size": vocab_size,
+        "max_position_embeddings": 8192,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": True,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+        "torch_dtype": "float32",
     }
     mx.random.seed(seed)
     model = qwen2.Model(qwen2.ModelArgs.from_dict(config))

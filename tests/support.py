@@ -51,9 +51,7 @@ def veloxd_cmd(*args: str) -> list[str]:
 
 
 def run_veloxd(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        veloxd_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env
-    )
+    return subprocess.run(veloxd_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
 
 
 class Worker:
@@ -72,8 +70,10 @@ class Worker:
         )
         self.stdout: list[str] = []
         self.stderr: list[str] = []
-        self._drains = [threading.Thread(target=self._drain, args=(stream, sink), daemon=True)
-                        for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))]
+        self._drains = [
+            threading.Thread(target=self._drain, args=(stream, sink), daemon=True)
+            for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))
+        ]
         for drain in self._drains:
             drain.start()
 
@@ -87,7 +87,7 @@ class Worker:
         def payload() -> dict[str, Any] | None:
             for line in self.stdout:
                 if line.startswith(READY_PREFIX):
-                    return json.loads(line[len(READY_PREFIX):])
+                    return json.loads(line[len(READY_PREFIX) :])
             if self.proc.poll() is not None:
                 raise AssertionError(f"worker exited {self.proc.returncode}: {self.stderr[-20:]}")
             return None
@@ -111,7 +111,9 @@ class Worker:
             drain.join(timeout)
 
 
-def http_json(url: str, body: dict | None = None, headers: dict[str, str] | None = None, timeout: float = 60) -> tuple[int, Any]:
+def http_json(
+    url: str, body: dict | None = None, headers: dict[str, str] | None = None, timeout: float = 60
+) -> tuple[int, Any]:
     """GET (or POST when body is given) and decode JSON; returns (status, payload)."""
     data = json.dumps(body).encode() if body is not None else None
     request = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json", **(headers or {})})
@@ -147,6 +149,12 @@ def run_reporting_imports(*args: str, timeout: float = 120) -> tuple[subprocess.
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "imports.json"
         env = {**os.environ, "VELOXD_TEST_IMPORTS": str(report), "VELOXD_TEST_HEAVY": json.dumps(HEAVY_MODULES)}
-        done = subprocess.run([sys.executable, "-c", _REPORT_IMPORTS, *args], capture_output=True, text=True,
-                              timeout=timeout, cwd=REPO, env=env)
+        done = subprocess.run(
+            [sys.executable, "-c", _REPORT_IMPORTS, *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+            env=env,
+        )
         return done, json.loads(report.read_text())

@@ -17,12 +17,17 @@ from pathlib import Path
 from veloxd.daemon.statefile import read_state
 
 REPO = Path(__file__).resolve().parent.parent
+
+
 def curl_lines(state: dict) -> list[str]:
     lines = []
     for name, server in sorted(state.get("servers", {}).items()):
         host = server["host"]
         body = json.dumps(
-            {"messages": [{"role": "user", "content": "Write a Python function that adds two numbers."}], "max_tokens": 48}
+            {
+                "messages": [{"role": "user", "content": "Write a Python function that adds two numbers."}],
+                "max_tokens": 48,
+            }
         )
         lines.append(
             f"# {name}: {server['method']} on port {server['port']}\n"
@@ -50,8 +55,18 @@ def main(argv: list[str] | None = None) -> int:
     cache = REPO / ".cache"
     cache.mkdir(exist_ok=True)
     state_dir = cache / "state"
-    command = [sys.executable, "-m", "veloxd", "run", "--config", str(args.config),
-               "--log-file", str(cache / "veloxd.jsonl"), "--state-dir", str(state_dir)]
+    command = [
+        sys.executable,
+        "-m",
+        "veloxd",
+        "run",
+        "--config",
+        str(args.config),
+        "--log-file",
+        str(cache / "veloxd.jsonl"),
+        "--state-dir",
+        str(state_dir),
+    ]
     print("veloxd demo: " + " ".join(command[1:]), flush=True)
     proc = subprocess.Popen(command)
     for signum in (signal.SIGINT, signal.SIGTERM):

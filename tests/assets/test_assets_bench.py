@@ -24,9 +24,17 @@ def test_outlier_variant_keeps_logits_and_makes_keys_heavy_tailed(tiny_model) ->
     tokens = mx.array([list(range(10, 200))])  # (1, 190)
     scale = float(mx.abs(base.model(tokens)).max())
     assert max_logit_difference(base.model, variant.model, tokens) < 1e-4 * max(1.0, scale)
-    assert key_channel_stats(variant.model, tokens)["max_over_median"] > 5 * key_channel_stats(base.model, tokens)["max_over_median"]
+    assert (
+        key_channel_stats(variant.model, tokens)["max_over_median"]
+        > 5 * key_channel_stats(base.model, tokens)["max_over_median"]
+    )
     # The change is real: the k_proj weights differ.
-    assert float(mx.abs(base.model.layers[0].self_attn.k_proj.weight - variant.model.layers[0].self_attn.k_proj.weight).max()) > 0
+    assert (
+        float(
+            mx.abs(base.model.layers[0].self_attn.k_proj.weight - variant.model.layers[0].self_attn.k_proj.weight).max()
+        )
+        > 0
+    )
 
 
 def test_pareto_front_drops_dominated_points() -> None:
@@ -44,10 +52,19 @@ def test_held_out_split_is_deterministic_and_small() -> None:
     names = [f"pkg/module_{i}.py" for i in range(2000)]
     held = [n for n in names if is_held_out(n)]
     # Deterministic across processes: a fresh interpreter with another hash seed picks the same files.
-    code = ("from benchmarks.data import is_held_out; names = [f'pkg/module_{i}.py' for i in range(2000)]; "
-            "print('\\n'.join(n for n in names if is_held_out(n)))")
-    other = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
-                           env={**os.environ, "PYTHONHASHSEED": "12345"}, check=True)
+    code = (
+        "from benchmarks.data import is_held_out; names = [f'pkg/module_{i}.py' for i in range(2000)]; "
+        "print('\\n'.join(n for n in names if is_held_out(n)))"
+    )
+    other = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONHASHSEED": "12345"},
+        check=True,
+    )
     assert other.stdout.split() == held
     assert 0.01 < len(held) / len(names) < 0.06
 
@@ -64,7 +81,7 @@ def test_passkey_prompt_places_the_key_at_the_depth_and_ends_with_the_question(t
     filler = np.arange(10, 1010, dtype=np.int32) % 400 + 10
     prompt, answer = passkey.prompt("73914", filler, 600, 0.5)
     assert len(prompt) == 600
-    assert tokenizer.decode(prompt[-len(passkey.question):].tolist()).endswith("The pass key is")
+    assert tokenizer.decode(prompt[-len(passkey.question) :].tolist()).endswith("The pass key is")
     assert tokenizer.decode(answer.tolist()).strip() == "73914."
     intro = passkey.intro("73914")
     starts = [i for i in range(len(prompt) - len(intro)) if (prompt[i : i + len(intro)] == intro).all()]
@@ -88,8 +105,24 @@ def test_kv_benchmark_pipeline_measures_writes_and_renders(tiny_model, tmp_path)
 
     out = tmp_path / "kv.json"
     arms = "fp16,mlx-q4,affine-4,streaming_llm-40"
-    assert kv.main(["--model", str(tiny_model), "--contexts", "160", "--decode", "4", "--arms", arms,
-                    "--no-passkey", "--out", str(out)]) == 0
+    assert (
+        kv.main(
+            [
+                "--model",
+                str(tiny_model),
+                "--contexts",
+                "160",
+                "--decode",
+                "4",
+                "--arms",
+                arms,
+                "--no-passkey",
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     rows = {(r["variant"], r["label"]): r for r in result["rows"]}
     assert result["variant_check"]["max_abs_logit_diff"] < 1e-3

@@ -19,8 +19,9 @@ LINE = re.compile(r"^(?P<file>.+):(?P<line>\d+):(?P<col>\d+): (?P<message>.+) \(
 
 
 def veloxd(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "veloxd", *args], capture_output=True, text=True, timeout=120,
-                          cwd=REPO, env=env)
+    return subprocess.run(
+        [sys.executable, "-m", "veloxd", *args], capture_output=True, text=True, timeout=120, cwd=REPO, env=env
+    )
 
 
 BROKEN = {
@@ -48,21 +49,34 @@ def test_check_valid_file_prints_one_summary_line(tmp_path: Path) -> None:
     path = write_config(tmp_path, VALID)
     done = veloxd("check", str(path), env={**os.environ, "HF_HOME": str(tmp_path / "hf")})
     assert done.returncode == 0
-    assert done.stdout == (f"{path}: valid; 2 servers: coder (kivi 2-bit on 127.0.0.1:8081), "
-                           "chat (h2o on 127.0.0.1:8082)\n")
+    assert done.stdout == (
+        f"{path}: valid; 2 servers: coder (kivi 2-bit on 127.0.0.1:8081), chat (h2o on 127.0.0.1:8082)\n"
+    )
     # A model not yet in the Hugging Face cache is a warning (the daemon downloads it), not an error.
-    assert done.stderr == (f"{path}: warning: server chat: model mlx-community/Qwen2.5-0.5B-Instruct-4bit is not "
-                           f"downloaded yet (cache {tmp_path / 'hf' / 'hub'}); the daemon fetches it before the "
-                           "first start, or run `veloxd pull chat` now\n")
+    assert done.stderr == (
+        f"{path}: warning: server chat: model mlx-community/Qwen2.5-0.5B-Instruct-4bit is not "
+        f"downloaded yet (cache {tmp_path / 'hf' / 'hub'}); the daemon fetches it before the "
+        "first start, or run `veloxd pull chat` now\n"
+    )
 
 
 def test_check_json_output(tmp_path: Path) -> None:
     path = write_config(tmp_path, VALID.replace("port: 8082", "port: 0"))
     done = veloxd("check", "--json", str(path))
     assert done.returncode == 1
-    assert json.loads(done.stdout) == {"valid": False, "warnings": [], "errors": [
-        {"file": str(path), "line": 13, "column": 11, "path": "$.servers.chat.port", "message": "port=0: must be >= 1"},
-    ]}
+    assert json.loads(done.stdout) == {
+        "valid": False,
+        "warnings": [],
+        "errors": [
+            {
+                "file": str(path),
+                "line": 13,
+                "column": 11,
+                "path": "$.servers.chat.port",
+                "message": "port=0: must be >= 1",
+            },
+        ],
+    }
     done = veloxd("check", "--json", str(write_config(tmp_path, VALID)))
     answer = json.loads(done.stdout)
     assert done.returncode == 0 and answer["valid"] is True and answer["errors"] == []
@@ -144,16 +158,25 @@ def _write_daemon_state(state_dir: Path, config_path: Path, alive: bool) -> None
 
     state_dir.mkdir()
     applied = load_config(config_path)
-    write_state(state_dir, {"daemon": {"running": alive, "pid": os.getpid(),
-                                       "start_time": process_start_time(os.getpid())},
-                            "config_path": str(config_path), "config": config_to_dict(applied)})
+    write_state(
+        state_dir,
+        {
+            "daemon": {"running": alive, "pid": os.getpid(), "start_time": process_start_time(os.getpid())},
+            "config_path": str(config_path),
+            "config": config_to_dict(applied),
+        },
+    )
 
 
 def test_plan_against_the_running_daemons_config(tmp_path: Path) -> None:
     applied = write_config(tmp_path, VALID, name="applied.yaml")
     _write_daemon_state(tmp_path / "state", applied, alive=True)
-    edited = write_config(tmp_path, VALID.replace("kivi_group_size: 64", "kivi_group_size: 32")
-                          .replace("method: h2o", "method: h2o\n    description: chat"))
+    edited = write_config(
+        tmp_path,
+        VALID.replace("kivi_group_size: 64", "kivi_group_size: 32").replace(
+            "method: h2o", "method: h2o\n    description: chat"
+        ),
+    )
     done = veloxd("plan", str(edited), "--state-dir", str(tmp_path / "state"), "--json")
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)

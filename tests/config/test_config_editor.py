@@ -39,8 +39,10 @@ def test_editor_flags_the_same_places_as_check(tmp_path: Path, text: str, expect
 
 
 def test_editor_accepts_what_check_accepts(tmp_path: Path) -> None:
-    text = entry("model: mlx-community/Qwen2.5-Coder-7B-Instruct-4bit\nport: 8081\nmethod: kivi\nbits: 2\n"
-                 "overrides: {kivi_group_size: 64}\nprompt_cache: {bytes: 4G}\nrestart: {max_failures: 3}")
+    text = entry(
+        "model: mlx-community/Qwen2.5-Coder-7B-Instruct-4bit\nport: 8081\nmethod: kivi\nbits: 2\n"
+        "overrides: {kivi_group_size: 64}\nprompt_cache: {bytes: 4G}\nrestart: {max_failures: 3}"
+    )
     assert editor_places(text) == set()
     from veloxd.config import load_config
 
@@ -52,5 +54,4 @@ def test_semantic_rules_are_beyond_the_schema(tmp_path: Path) -> None:
     is a condition of the world, not of the file: not an error at all."""
     text = entry("model: ./missing\nport: 8081\nmethod: fp16") + "  other: {model: ./model, port: 8081, method: fp16}\n"
     assert editor_places(text) == set()
-    assert [path for _, _, path, _ in issues(write_config(tmp_path, text, dedent=False))] == [
-        "$.servers.other.port"]
+    assert [path for _, _, path, _ in issues(write_config(tmp_path, text, dedent=False))] == ["$.servers.other.port"]

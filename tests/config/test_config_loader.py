@@ -18,18 +18,46 @@ def test_field_level_mistakes(tmp_path: Path, text: str, expected: list) -> None
 
 
 WORLD_CASES = [
-    ("missing-local-model", entry("model: ./nope\nport: 8081\nmethod: fp16"),
-     [(4, 12, "$.servers.coder.model", "model path {d}/nope does not exist (yet)")]),
-    ("model-is-a-file", entry("model: veloxd.yaml\nport: 8081\nmethod: fp16"),
-     [(4, 12, "$.servers.coder.model", "model path {d}/veloxd.yaml is a file; expected an MLX model directory")]),
-    ("model-dir-without-config", entry("model: empty\nport: 8081\nmethod: fp16"),
-     [(4, 12, "$.servers.coder.model", "model directory {d}/empty has no config.json (not an MLX model "
-       "directory, or still being copied)")]),
-    ("missing-adapter", entry("model: ./model\nport: 8081\nmethod: fp16\nadapter_path: adapters"),
-     [(7, 19, "$.servers.coder.adapter_path", "adapter path {d}/adapters does not exist (yet)")]),
-    ("unset-api-key-env", entry("model: ./model\nport: 8081\nmethod: fp16\napi_key_env: VELOXD_TEST_UNSET_VAR"),
-     [(7, 18, "$.servers.coder.api_key_env", "api_key_env VELOXD_TEST_UNSET_VAR is not set (or empty) in the "
-       "environment or the entry's env (the server would refuse every client)")]),
+    (
+        "missing-local-model",
+        entry("model: ./nope\nport: 8081\nmethod: fp16"),
+        [(4, 12, "$.servers.coder.model", "model path {d}/nope does not exist (yet)")],
+    ),
+    (
+        "model-is-a-file",
+        entry("model: veloxd.yaml\nport: 8081\nmethod: fp16"),
+        [(4, 12, "$.servers.coder.model", "model path {d}/veloxd.yaml is a file; expected an MLX model directory")],
+    ),
+    (
+        "model-dir-without-config",
+        entry("model: empty\nport: 8081\nmethod: fp16"),
+        [
+            (
+                4,
+                12,
+                "$.servers.coder.model",
+                "model directory {d}/empty has no config.json (not an MLX model directory, or still being copied)",
+            )
+        ],
+    ),
+    (
+        "missing-adapter",
+        entry("model: ./model\nport: 8081\nmethod: fp16\nadapter_path: adapters"),
+        [(7, 19, "$.servers.coder.adapter_path", "adapter path {d}/adapters does not exist (yet)")],
+    ),
+    (
+        "unset-api-key-env",
+        entry("model: ./model\nport: 8081\nmethod: fp16\napi_key_env: VELOXD_TEST_UNSET_VAR"),
+        [
+            (
+                7,
+                18,
+                "$.servers.coder.api_key_env",
+                "api_key_env VELOXD_TEST_UNSET_VAR is not set (or empty) in the "
+                "environment or the entry's env (the server would refuse every client)",
+            )
+        ],
+    ),
 ]
 
 
@@ -44,30 +72,91 @@ def test_conditions_of_the_world_are_located_warnings_not_errors(tmp_path: Path,
 
 
 SEMANTIC_CASES = [
-    ("neither-path-nor-hf-id", entry("model: just-a-name\nport: 8081\nmethod: fp16"),
-     [(4, 12, "$.servers.coder.model", "model 'just-a-name' is neither an existing directory ({d}/just-a-name) "
-       "nor a Hugging Face id like 'mlx-community/Qwen2.5-7B-Instruct-4bit'")]),
-    ("exposed-without-token", entry("model: ./model\nport: 8081\nhost: 0.0.0.0\nmethod: fp16"),
-     [(6, 11, "$.servers.coder.host", "host 0.0.0.0 exposes the server beyond this machine: set api_key_env "
-       "(clients then need a bearer token) or, deliberately, allow_unauthenticated: true")]),
-    ("not-a-host-name", entry("model: ./model\nport: 8081\nhost: -mac.local\nmethod: fp16"),
-     [(6, 11, "$.servers.coder.host", "host='-mac.local' is not a host name or IP address")]),
-    ("cross-field-rule", entry("model: ./model\nport: 8081\nmethod: kivi\noverrides:\n  kivi_residual_length: 100"),
-     [(8, 29, "$.servers.coder.overrides.kivi_residual_length",
-       "kivi_residual_length=100 for method kivi: must be a multiple of kivi_group_size=32")]),
-    ("cross-field-rule-on-defaults", entry("model: ./model\nport: 8081\nmethod: snapkv\noverrides:\n"
-                                           "  snapkv_budget: 16"),
-     [(7, 5, "$.servers.coder.overrides", "snapkv_window=32 for method snapkv: must not exceed snapkv_budget=16")]),
-    ("default-above-cap", entry("model: ./model\nport: 8081\nmethod: fp16\nsampling: {max_tokens: 1024}\n"
-                                "limits: {max_tokens: 256}"),
-     [(7, 28, "$.servers.coder.sampling.max_tokens",
-       "sampling.max_tokens (1024) exceeds limits.max_tokens (256): no request could get it")]),
-    ("body-size-not-a-size", entry("model: ./model\nport: 8081\nmethod: fp16\nlimits: {max_body_bytes: lots}"),
-     [(7, 30, "$.servers.coder.limits.max_body_bytes", "limits.max_body_bytes='lots' is not a size; use an "
-       "integer number of bytes or a string like '512M' or '2G' (decimal) or '1.5GiB' (binary)")]),
-    ("backoff-order", entry("model: ./model\nport: 8081\nmethod: fp16\nrestart: {backoff_initial_s: 90}"),
-     [(7, 34, "$.servers.coder.restart.backoff_initial_s",
-       "restart.backoff_max_s (60.0) must be at least backoff_initial_s (90)")]),
+    (
+        "neither-path-nor-hf-id",
+        entry("model: just-a-name\nport: 8081\nmethod: fp16"),
+        [
+            (
+                4,
+                12,
+                "$.servers.coder.model",
+                "model 'just-a-name' is neither an existing directory ({d}/just-a-name) "
+                "nor a Hugging Face id like 'mlx-community/Qwen2.5-7B-Instruct-4bit'",
+            )
+        ],
+    ),
+    (
+        "exposed-without-token",
+        entry("model: ./model\nport: 8081\nhost: 0.0.0.0\nmethod: fp16"),
+        [
+            (
+                6,
+                11,
+                "$.servers.coder.host",
+                "host 0.0.0.0 exposes the server beyond this machine: set api_key_env "
+                "(clients then need a bearer token) or, deliberately, allow_unauthenticated: true",
+            )
+        ],
+    ),
+    (
+        "not-a-host-name",
+        entry("model: ./model\nport: 8081\nhost: -mac.local\nmethod: fp16"),
+        [(6, 11, "$.servers.coder.host", "host='-mac.local' is not a host name or IP address")],
+    ),
+    (
+        "cross-field-rule",
+        entry("model: ./model\nport: 8081\nmethod: kivi\noverrides:\n  kivi_residual_length: 100"),
+        [
+            (
+                8,
+                29,
+                "$.servers.coder.overrides.kivi_residual_length",
+                "kivi_residual_length=100 for method kivi: must be a multiple of kivi_group_size=32",
+            )
+        ],
+    ),
+    (
+        "cross-field-rule-on-defaults",
+        entry("model: ./model\nport: 8081\nmethod: snapkv\noverrides:\n  snapkv_budget: 16"),
+        [(7, 5, "$.servers.coder.overrides", "snapkv_window=32 for method snapkv: must not exceed snapkv_budget=16")],
+    ),
+    (
+        "default-above-cap",
+        entry("model: ./model\nport: 8081\nmethod: fp16\nsampling: {max_tokens: 1024}\nlimits: {max_tokens: 256}"),
+        [
+            (
+                7,
+                28,
+                "$.servers.coder.sampling.max_tokens",
+                "sampling.max_tokens (1024) exceeds limits.max_tokens (256): no request could get it",
+            )
+        ],
+    ),
+    (
+        "body-size-not-a-size",
+        entry("model: ./model\nport: 8081\nmethod: fp16\nlimits: {max_body_bytes: lots}"),
+        [
+            (
+                7,
+                30,
+                "$.servers.coder.limits.max_body_bytes",
+                "limits.max_body_bytes='lots' is not a size; use an "
+                "integer number of bytes or a string like '512M' or '2G' (decimal) or '1.5GiB' (binary)",
+            )
+        ],
+    ),
+    (
+        "backoff-order",
+        entry("model: ./model\nport: 8081\nmethod: fp16\nrestart: {backoff_initial_s: 90}"),
+        [
+            (
+                7,
+                34,
+                "$.servers.coder.restart.backoff_initial_s",
+                "restart.backoff_max_s (60.0) must be at least backoff_initial_s (90)",
+            )
+        ],
+    ),
 ]
 
 
@@ -78,13 +167,16 @@ def test_semantic_mistakes(tmp_path: Path, text: str, expected: list) -> None:
     assert found == [(line, col, path, message.format(d=tmp_path)) for line, col, path, message in expected]
 
 
-@pytest.mark.parametrize(("first", "second", "clash"), [
-    ("127.0.0.1", "127.0.0.1", "127.0.0.1:8081 is already used by server 'a'"),
-    ("localhost", "127.0.0.1", "127.0.0.1:8081 is already used by server 'a' (localhost:8081)"),
-    ("0.0.0.0", "127.0.0.1", "127.0.0.1:8081 is already used by server 'a' (0.0.0.0:8081)"),
-    ("127.0.0.1", "127.0.0.2", None),
-    ("::1", "127.0.0.1", None),
-])
+@pytest.mark.parametrize(
+    ("first", "second", "clash"),
+    [
+        ("127.0.0.1", "127.0.0.1", "127.0.0.1:8081 is already used by server 'a'"),
+        ("localhost", "127.0.0.1", "127.0.0.1:8081 is already used by server 'a' (localhost:8081)"),
+        ("0.0.0.0", "127.0.0.1", "127.0.0.1:8081 is already used by server 'a' (0.0.0.0:8081)"),
+        ("127.0.0.1", "127.0.0.2", None),
+        ("::1", "127.0.0.1", None),
+    ],
+)
 def test_host_port_pairs_are_unique(tmp_path: Path, first: str, second: str, clash: str | None) -> None:
     text = f"""\
         version: 1
@@ -129,14 +221,17 @@ def test_all_errors_at_once_sorted_by_line(tmp_path: Path) -> None:
         load_config(tmp_path / "veloxd.yaml")
     assert [i.line for i in caught.value.issues] == [7, 10, 11] and not caught.value.unreadable
     assert str(caught.value).splitlines()[1] == (
-        f"{tmp_path}/veloxd.yaml:10:11: 127.0.0.1:8081 is already used by server 'b' (at $.servers.a.port)")
+        f"{tmp_path}/veloxd.yaml:10:11: 127.0.0.1:8081 is already used by server 'b' (at $.servers.a.port)"
+    )
 
 
 def test_valid_file_defaults_and_resolution(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     model_dir(tmp_path / "home", "models/tiny")
-    text = VALID + "    prompt_cache: {bytes: 1.5GiB}\n  home:\n    model: ~/models/tiny\n    port: 8083\n" \
+    text = (
+        VALID + "    prompt_cache: {bytes: 1.5GiB}\n  home:\n    model: ~/models/tiny\n    port: 8083\n"
         "    method: affine\n    overrides: {affine_rotate: true}\n    sampling: {temp: 1}\n"
+    )
     config = load_config(write_config(tmp_path, text, dedent=False))
     coder, chat, home = config.servers.values()
     assert list(config.servers) == ["coder", "chat", "home"] and config.version == 1
@@ -148,7 +243,11 @@ def test_valid_file_defaults_and_resolution(tmp_path: Path, monkeypatch: pytest.
     assert chat.prompt_cache.bytes == 1_610_612_736 and chat.prompt_cache.size == 10
     assert home.sampling.temp == 1.0 and isinstance(home.sampling.temp, float)
     assert (coder.host, coder.sampling.max_tokens, coder.restart.max_failures, coder.ready_timeout_s) == (
-        "127.0.0.1", 512, 5, 600.0)
+        "127.0.0.1",
+        512,
+        5,
+        600.0,
+    )
     assert coder.env == {} and coder.adapter_path is None and coder.description == ""
 
 
@@ -168,18 +267,43 @@ def test_merge_keys_share_settings(tmp_path: Path) -> None:
 
 
 def test_serve_argv_and_restart_keys(tmp_path: Path) -> None:
-    text = entry("model: ./model\nport: 8081\nmethod: affine\nbits: 8\nseed: 9\noverrides: {affine_rotate: true}\n"
-                 "sampling: {temp: 0.2}\nprompt_cache: {bytes: 2G}\napi_key_env: TOKEN\nadapter_path: model\n"
-                 "env: {A: b}\ndescription: demo")
+    text = entry(
+        "model: ./model\nport: 8081\nmethod: affine\nbits: 8\nseed: 9\noverrides: {affine_rotate: true}\n"
+        "sampling: {temp: 0.2}\nprompt_cache: {bytes: 2G}\napi_key_env: TOKEN\nadapter_path: model\n"
+        "env: {A: b}\ndescription: demo"
+    )
     coder: ServerEntry = load_config(write_config(tmp_path, text, dedent=False)).servers["coder"]
     model = str(tmp_path / "model")
     argv = coder.serve_argv()
     assert argv == [
-        "--model", model, "--kv-json", argv[3], "--host", "127.0.0.1",
-        "--port", "8081", "--adapter-path", model, "--max-tokens", "512", "--temp", "0.2", "--top-p", "1.0",
-        "--prompt-cache-size", "10", "--prompt-cache-bytes", "2000000000",
-        "--request-body-timeout", "30.0", "--max-body-bytes", str(32 * 2**20), "--api-key-env", "TOKEN",
-        "--served-name", "coder",
+        "--model",
+        model,
+        "--kv-json",
+        argv[3],
+        "--host",
+        "127.0.0.1",
+        "--port",
+        "8081",
+        "--adapter-path",
+        model,
+        "--max-tokens",
+        "512",
+        "--temp",
+        "0.2",
+        "--top-p",
+        "1.0",
+        "--prompt-cache-size",
+        "10",
+        "--prompt-cache-bytes",
+        "2000000000",
+        "--request-body-timeout",
+        "30.0",
+        "--max-body-bytes",
+        str(32 * 2**20),
+        "--api-key-env",
+        "TOKEN",
+        "--served-name",
+        "coder",
     ]
     assert json.loads(argv[3]) == coder.kv.to_dict()
     assert json.loads(argv[3])["bits"] == 8 and json.loads(argv[3])["affine_rotate"] is True
@@ -187,15 +311,26 @@ def test_serve_argv_and_restart_keys(tmp_path: Path) -> None:
     assert key["overrides.affine_rotate"] is True and key["env.A"] == "b" and key["port"] == 8081
     assert "description" not in key and "restart.max_failures" not in key
     assert coder.live_key() == {
-        "allow_unauthenticated": False, "description": "demo", "ready_timeout_s": 600.0, "stop_timeout_s": 30.0,
-        "restart.max_failures": 5, "restart.window_s": 300.0, "restart.backoff_initial_s": 1.0,
-        "restart.backoff_max_s": 60.0, "aliases": (), "start": "always", "idle_unload_s": None, "concurrency": 4,
+        "allow_unauthenticated": False,
+        "description": "demo",
+        "ready_timeout_s": 600.0,
+        "stop_timeout_s": 30.0,
+        "restart.max_failures": 5,
+        "restart.window_s": 300.0,
+        "restart.backoff_initial_s": 1.0,
+        "restart.backoff_max_s": 60.0,
+        "aliases": (),
+        "start": "always",
+        "idle_unload_s": None,
+        "concurrency": 4,
     }
 
 
 def test_the_worker_gets_one_json_document_never_set_text(tmp_path: Path) -> None:
-    text = entry("model: ./model\nport: 8081\nmethod: h2o\noverrides: {h2o_budget: 512}\n"
-                 "limits: {max_tokens: 4096, max_prompt_tokens: 2048, max_body_bytes: 2M}")
+    text = entry(
+        "model: ./model\nport: 8081\nmethod: h2o\noverrides: {h2o_budget: 512}\n"
+        "limits: {max_tokens: 4096, max_prompt_tokens: 2048, max_body_bytes: 2M}"
+    )
     entry_ = load_config(write_config(tmp_path, text, dedent=False)).servers["coder"]
     argv = entry_.serve_argv()
     assert not {"--set", "--method", "--bits", "--seed"} & set(argv)

@@ -16,8 +16,25 @@ from veloxd.config.dump import dump_yaml
 from veloxd.kv import registry
 from veloxd.kv.config import KVCacheConfig, field_named, fields_for, override_fields_for
 
-TRICKY_TEXT = ["yes", "on", "0o17", "1e3", "", "a: b", "# not a comment", "héllo wörld", "two\nlines",
-               " padded ", "null", "~", "'quoted'", '"double"', "[1, 2]", "8081", "true"]
+TRICKY_TEXT = [
+    "yes",
+    "on",
+    "0o17",
+    "1e3",
+    "",
+    "a: b",
+    "# not a comment",
+    "héllo wörld",
+    "two\nlines",
+    " padded ",
+    "null",
+    "~",
+    "'quoted'",
+    '"double"',
+    "[1, 2]",
+    "8081",
+    "true",
+]
 
 
 def _value(f: dataclasses.Field, rng: random.Random) -> Any:
@@ -70,8 +87,10 @@ def random_config(rng: random.Random) -> dict[str, Any]:
         if rng.random() < 0.5:
             entry["sampling"] = {"temp": rng.choice([0, 0.2, 1.5]), "max_tokens": rng.randint(1, 4096)}
         if rng.random() < 0.5:
-            entry["prompt_cache"] = {"size": rng.randint(1, 50),
-                                     "bytes": rng.choice([None, 123456, "512M", "1.5GiB", "2g"])}
+            entry["prompt_cache"] = {
+                "size": rng.randint(1, 50),
+                "bytes": rng.choice([None, 123456, "512M", "1.5GiB", "2g"]),
+            }
         if rng.random() < 0.5:
             entry["env"] = {f"VAR_{k}": rng.choice(TRICKY_TEXT) for k in range(rng.randint(0, 3))}
         if rng.random() < 0.5:
@@ -113,5 +132,11 @@ def test_config_from_dict_rejects_malformed_data() -> None:
     with pytest.raises(ValueError, match="malformed config data"):
         config_from_dict({"version": 1, "servers": {"a": {"port": 1}}, "source": "x", "sha256": "y"})
     with pytest.raises(ValueError, match="kivi_group_size"):
-        config_from_dict({"version": 1, "source": "x", "sha256": "y", "servers": {
-            "a": {"model": "m", "port": 1, "method": "h2o", "overrides": {"kivi_group_size": 64}}}})
+        config_from_dict(
+            {
+                "version": 1,
+                "source": "x",
+                "sha256": "y",
+                "servers": {"a": {"model": "m", "port": 1, "method": "h2o", "overrides": {"kivi_group_size": 64}}},
+            }
+        )

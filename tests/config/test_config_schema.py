@@ -51,15 +51,20 @@ def test_every_object_is_closed_and_every_key_documented() -> None:
         assert "additionalProperties" in sub and sub["additionalProperties"] is not True, where
         for key, spec in sub.get("properties", {}).items():
             described = spec.get("description") or schema["definitions"].get(
-                spec.get("$ref", "").rsplit("/", 1)[-1], {}).get("description")
+                spec.get("$ref", "").rsplit("/", 1)[-1], {}
+            ).get("description")
             assert described, f"{where}/properties/{key} has no description"
 
 
 def test_defaults_come_from_the_dataclasses() -> None:
     props = build_schema()["definitions"]["server"]["properties"]
     assert props["host"]["default"] == "127.0.0.1" and props["ready_timeout_s"]["default"] == 600.0
-    assert props["restart"]["default"] == {"max_failures": 5, "window_s": 300.0, "backoff_initial_s": 1.0,
-                                           "backoff_max_s": 60.0}
+    assert props["restart"]["default"] == {
+        "max_failures": 5,
+        "window_s": 300.0,
+        "backoff_initial_s": 1.0,
+        "backoff_max_s": 60.0,
+    }
     assert props["sampling"]["properties"]["max_tokens"]["default"] == 512
     for f in yaml_fields(ServerEntry):
         if f.default is not dataclasses.MISSING and "schema" in f.metadata:
@@ -67,8 +72,11 @@ def test_defaults_come_from_the_dataclasses() -> None:
 
 
 def _rule(schema: dict, method: str) -> dict:
-    [rule] = [r["then"]["properties"] for r in schema["definitions"]["server"]["allOf"]
-              if r["if"]["properties"]["method"]["const"] == method]
+    [rule] = [
+        r["then"]["properties"]
+        for r in schema["definitions"]["server"]["allOf"]
+        if r["if"]["properties"]["method"]["const"] == method
+    ]
     return rule
 
 
@@ -97,8 +105,9 @@ def test_each_method_allows_exactly_its_fields_with_their_constraints() -> None:
 
 @dataclasses.dataclass(frozen=True)
 class _WithNewField(KVCacheConfig):
-    kivi_new_knob: int = setting(7, methods=("kivi", "h2o"), kind=int, minimum=1, maximum=9,
-                                 help="A setting added after the schema was written.")
+    kivi_new_knob: int = setting(
+        7, methods=("kivi", "h2o"), kind=int, minimum=1, maximum=9, help="A setting added after the schema was written."
+    )
 
 
 def test_a_new_field_reaches_the_schema_and_the_checker_without_other_edits(tmp_path: Path) -> None:
@@ -127,8 +136,9 @@ def test_checker_enforces_every_field_from_its_metadata(tmp_path: Path, f: datac
     key = f"overrides: {{{f.name}: __}}" if f.name not in OWN_KEYS else f"{f.name}: __"
     good = registry.get(owner).bits_choices[0] if f.name == "bits" else f.default
     good_text = json.dumps(good)
-    path = write_config(tmp_path, entry(f"model: m/x\nport: 8081\nmethod: {outsider}\n" + key.replace("__", good_text)),
-                        dedent=False)
+    path = write_config(
+        tmp_path, entry(f"model: m/x\nport: 8081\nmethod: {outsider}\n" + key.replace("__", good_text)), dedent=False
+    )
     [(_, _, where, message)] = issues(path)
     assert where.endswith(f.name) and outsider in message
     meta = f.metadata
@@ -138,8 +148,9 @@ def test_checker_enforces_every_field_from_its_metadata(tmp_path: Path, f: datac
         bad = "not-" + "-".join(map(str, meta["choices"])) if meta["kind"] is str else max(meta["choices"]) + 1
     else:
         bad = 12345 if meta["kind"] in (bool, str) else "not-a-number"
-    path = write_config(tmp_path, entry(f"model: m/x\nport: 8081\nmethod: {owner}\n" + key.replace("__", json.dumps(bad))),
-                        dedent=False)
+    path = write_config(
+        tmp_path, entry(f"model: m/x\nport: 8081\nmethod: {owner}\n" + key.replace("__", json.dumps(bad))), dedent=False
+    )
     [(_, _, where, message)] = issues(path)
     assert where.endswith(f.name) and f.name in message
 

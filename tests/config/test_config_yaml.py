@@ -19,34 +19,51 @@ def test_empty_file(tmp_path: Path, text: str) -> None:
     assert "the file is empty" in message
 
 
-@pytest.mark.parametrize(("text", "what"), [
-    ("- version\n- servers\n", "a list"),
-    ("just some words\n", "the string 'just some words'"),
-])
+@pytest.mark.parametrize(
+    ("text", "what"),
+    [
+        ("- version\n- servers\n", "a list"),
+        ("just some words\n", "the string 'just some words'"),
+    ],
+)
 def test_top_level_not_a_mapping(tmp_path: Path, text: str, what: str) -> None:
     assert only_issue(write_config(tmp_path, text)) == (
-        1, 1, "$", f"the top level must be a mapping with 'version' and 'servers', not {what}")
+        1,
+        1,
+        "$",
+        f"the top level must be a mapping with 'version' and 'servers', not {what}",
+    )
 
 
-@pytest.mark.parametrize(("text", "line", "column", "fragment"), [
-    ("version: 1\nservers:\n  coder: [1, 2\n", 4, 1, "expected ',' or ']'"),
-    ("version: 1\nservers:\n  coder:\n    model: 'unterminated\n", 5, 1, "found unexpected end of stream"),
-    ("version: 1\nservers:\n  coder: x\n   bad: y\n", 4, 7, "mapping values are not allowed here"),
-    ("version: 1\n---\nservers: {}\n", 2, 1, "expected a single document in the stream but found another document"),
-])
+@pytest.mark.parametrize(
+    ("text", "line", "column", "fragment"),
+    [
+        ("version: 1\nservers:\n  coder: [1, 2\n", 4, 1, "expected ',' or ']'"),
+        ("version: 1\nservers:\n  coder:\n    model: 'unterminated\n", 5, 1, "found unexpected end of stream"),
+        ("version: 1\nservers:\n  coder: x\n   bad: y\n", 4, 7, "mapping values are not allowed here"),
+        ("version: 1\n---\nservers: {}\n", 2, 1, "expected a single document in the stream but found another document"),
+    ],
+)
 def test_yaml_syntax_errors(tmp_path: Path, text: str, line: int, column: int, fragment: str) -> None:
     got = only_issue(write_config(tmp_path, text, dedent=False))
     assert got[:3] == (line, column, "$")
     assert got[3].startswith("YAML syntax error: ") and fragment in got[3]
 
 
-@pytest.mark.parametrize(("text", "line", "column"), [
-    ("version: 1\nservers:\n\tcoder: {}\n", 3, 1),  # tab indentation
-    ("version:\t1\nservers: {}\n", 1, 9),  # tab after a colon
-])
+@pytest.mark.parametrize(
+    ("text", "line", "column"),
+    [
+        ("version: 1\nservers:\n\tcoder: {}\n", 3, 1),  # tab indentation
+        ("version:\t1\nservers: {}\n", 1, 9),  # tab after a colon
+    ],
+)
 def test_tabs(tmp_path: Path, text: str, line: int, column: int) -> None:
     assert only_issue(write_config(tmp_path, text, dedent=False)) == (
-        line, column, "$", "tab character: YAML indents and separates with spaces only")
+        line,
+        column,
+        "$",
+        "tab character: YAML indents and separates with spaces only",
+    )
 
 
 def test_non_utf8_byte_is_located(tmp_path: Path) -> None:
@@ -69,7 +86,11 @@ def test_utf8_bom_is_accepted(tmp_path: Path) -> None:
 def test_control_character_is_located(tmp_path: Path) -> None:
     text = "version: 1\nservers: {}\ndescription: 'a\x07b'\n"
     assert only_issue(write_config(tmp_path, text, dedent=False)) == (
-        3, 16, "$", "character U+0007 is not allowed in YAML")
+        3,
+        16,
+        "$",
+        "character U+0007 is not allowed in YAML",
+    )
 
 
 def test_file_over_the_size_cap(tmp_path: Path) -> None:
@@ -93,7 +114,11 @@ def test_alias_bomb_is_bounded(tmp_path: Path) -> None:
 def test_recursive_alias(tmp_path: Path) -> None:
     text = "version: 1\nx-loop: &loop [1, *loop]\nservers: {}\n"
     assert only_issue(write_config(tmp_path, text, dedent=False)) == (
-        2, 9, "$.x-loop[1]", "recursive alias: a value contains itself")
+        2,
+        9,
+        "$.x-loop[1]",
+        "recursive alias: a value contains itself",
+    )
 
 
 def test_deep_nesting(tmp_path: Path) -> None:
@@ -122,11 +147,14 @@ def test_duplicate_keys_are_errors_not_last_wins(tmp_path: Path) -> None:
     ]
 
 
-@pytest.mark.parametrize(("text", "expected"), [
-    ("version: 2\nservers: {}\n", (1, 10, "$.version", "unsupported version 2; this veloxd reads version 1")),
-    ("version: '1'\nservers: {}\n", (1, 10, "$.version", "unsupported version '1'; this veloxd reads version 1")),
-    ("servers: {}\n", (1, 1, "$.version", "missing required key 'version' (write 'version: 1')")),
-])
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("version: 2\nservers: {}\n", (1, 10, "$.version", "unsupported version 2; this veloxd reads version 1")),
+        ("version: '1'\nservers: {}\n", (1, 10, "$.version", "unsupported version '1'; this veloxd reads version 1")),
+        ("servers: {}\n", (1, 1, "$.version", "missing required key 'version' (write 'version: 1')")),
+    ],
+)
 def test_version(tmp_path: Path, text: str, expected: tuple) -> None:
     assert only_issue(write_config(tmp_path, text, dedent=False)) == expected
 
@@ -190,31 +218,46 @@ def test_file_owned_by_someone_else_is_refused(tmp_path: Path) -> None:
 def test_yaml_11_booleans_are_strings(tmp_path: Path) -> None:
     text = VALID + "    description: yes\n    allow_unauthenticated: on\n    env: {DEBUG: no}\n"
     assert issues(write_config(tmp_path, text, dedent=False)) == [
-        (16, 28, "$.servers.chat.allow_unauthenticated",
-         "allow_unauthenticated must be true or false, not the string 'on' "
-         "(veloxd reads YAML 1.2, where only true and false are booleans)"),
+        (
+            16,
+            28,
+            "$.servers.chat.allow_unauthenticated",
+            "allow_unauthenticated must be true or false, not the string 'on' "
+            "(veloxd reads YAML 1.2, where only true and false are booleans)",
+        ),
     ]
     fixed = text.replace("allow_unauthenticated: on", "allow_unauthenticated: false")
     chat = load_config(write_config(tmp_path, fixed, dedent=False)).servers["chat"]
     assert chat.description == "yes" and chat.env == {"DEBUG": "no"}
 
 
-@pytest.mark.parametrize(("value", "line", "column", "message"), [
-    ("!!python/object/apply:os.system ['true']", 16, 13, "unsupported tag '!!python/object/apply:os.system'"),
-    ("!!binary aGVsbG8=", 16, 13, "unsupported tag '!!binary'"),
-    ("!!int twelve", 16, 13, "'twelve' is not a valid int"),
-    (".nan", 16, 13, "NaN is not allowed"),
-])
+@pytest.mark.parametrize(
+    ("value", "line", "column", "message"),
+    [
+        ("!!python/object/apply:os.system ['true']", 16, 13, "unsupported tag '!!python/object/apply:os.system'"),
+        ("!!binary aGVsbG8=", 16, 13, "unsupported tag '!!binary'"),
+        ("!!int twelve", 16, 13, "'twelve' is not a valid int"),
+        (".nan", 16, 13, "NaN is not allowed"),
+    ],
+)
 def test_tags_and_nan(tmp_path: Path, value: str, line: int, column: int, message: str) -> None:
     text = VALID + f"    sampling:\n      temp: {value}\n"
     assert only_issue(write_config(tmp_path, text, dedent=False)) == (
-        line, column, "$.servers.chat.sampling.temp", message)
+        line,
+        column,
+        "$.servers.chat.sampling.temp",
+        message,
+    )
 
 
 def test_complex_key(tmp_path: Path) -> None:
     text = "version: 1\nservers: {}\n? [a, b]\n: 1\n"
     assert only_issue(write_config(tmp_path, text, dedent=False)) == (
-        3, 3, "$", "a key must be a plain name, not a list or mapping")
+        3,
+        3,
+        "$",
+        "a key must be a plain name, not a list or mapping",
+    )
 
 
 def test_yaml_12_numbers(tmp_path: Path) -> None:
@@ -230,8 +273,33 @@ def test_mangled_files_never_raise(tmp_path: Path) -> None:
 
     rng = random.Random(7)
     source = (VALID + "    env: {A: b}\n    sampling: {temp: 0.5}\n    prompt_cache: {bytes: 2G}\n").encode()
-    specials = [b":", b"-", b"[", b"]", b"{", b"}", b"&a", b"*a", b"!!", b"\t", b"\n", b" ", b"'", b'"', b"#",
-                b"<<: *a", b"\xff", b"\x00", b"?", b"|", b">", b"%", b"@", b"`", b"---\n"]
+    specials = [
+        b":",
+        b"-",
+        b"[",
+        b"]",
+        b"{",
+        b"}",
+        b"&a",
+        b"*a",
+        b"!!",
+        b"\t",
+        b"\n",
+        b" ",
+        b"'",
+        b'"',
+        b"#",
+        b"<<: *a",
+        b"\xff",
+        b"\x00",
+        b"?",
+        b"|",
+        b">",
+        b"%",
+        b"@",
+        b"`",
+        b"---\n",
+    ]
     outcomes = {"valid": 0, "invalid": 0}
     path = tmp_path / "veloxd.yaml"
     write_config(tmp_path, "")
@@ -240,9 +308,9 @@ def test_mangled_files_never_raise(tmp_path: Path) -> None:
         for _ in range(rng.randint(1, 4)):
             at = rng.randrange(len(data))
             if rng.random() < 0.5:
-                data[at:at + rng.randint(1, 3)] = rng.choice(specials)
+                data[at : at + rng.randint(1, 3)] = rng.choice(specials)
             else:
-                del data[at:at + rng.randint(1, 8)]
+                del data[at : at + rng.randint(1, 8)]
         path.write_bytes(bytes(data))
         result = inspect_config(path)
         outcomes["valid" if result.config else "invalid"] += 1

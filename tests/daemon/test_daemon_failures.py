@@ -50,12 +50,19 @@ def start_daemon(tmp_path) -> Iterator[Callable[..., DaemonHarness]]:
 def kill_until_fatal(daemon: DaemonHarness, name: str) -> None:
     """SIGKILL `name` whenever it is ready until the daemon gives up on it (FATAL)."""
     while True:
-        server = wait_for(lambda: (s := daemon.server(name)).get("state") in ("ready", "fatal") and s,
-                          DEADLINE_S, f"{name} ready or fatal")
+        server = wait_for(
+            lambda: (s := daemon.server(name)).get("state") in ("ready", "fatal") and s,
+            DEADLINE_S,
+            f"{name} ready or fatal",
+        )
         if server["state"] == "fatal":
             return
         os.kill(server["pid"], signal.SIGKILL)
-        wait_for(lambda killed=server["pid"]: daemon.server(name).get("pid") != killed, DEADLINE_S, f"{name} noticed its exit")
+        wait_for(
+            lambda killed=server["pid"]: daemon.server(name).get("pid") != killed,
+            DEADLINE_S,
+            f"{name} noticed its exit",
+        )
 
 
 def test_killed_worker_backs_off_then_goes_fatal_after_the_limit(start_daemon) -> None:

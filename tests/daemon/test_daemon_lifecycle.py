@@ -89,8 +89,12 @@ def test_next_daemon_ends_orphans_it_can_identify_and_spares_reused_pids(tmp_pat
         assert pid_alive(orphan)
 
         state = json.loads((h.state_dir / "state.json").read_text())
-        state["servers"]["bystander"] = {**state["servers"]["a"], "pid": bystander.pid, "pgid": bystander.pid,
-                                         "start_time": state["servers"]["a"]["start_time"]}
+        state["servers"]["bystander"] = {
+            **state["servers"]["a"],
+            "pid": bystander.pid,
+            "pgid": bystander.pid,
+            "start_time": state["servers"]["a"]["start_time"],
+        }
         (h.state_dir / "state.json").write_text(json.dumps(state))
 
         mark = h.mark()
@@ -121,8 +125,13 @@ def test_daemon_code_never_imports_mlx() -> None:
         "bad = sorted(m for m in sys.modules if m == 'mlx' or m.startswith(('mlx.', 'mlx_lm')))\n"
         "assert not bad, bad\n"
     )
-    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                            env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")})
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
+    )
     assert result.returncode == 0, result.stderr
 
 

@@ -105,8 +105,13 @@ def test_child_output_is_drained_and_reported_before_its_exit() -> None:
     lines: list[tuple[str, str]] = []
     exits: queue.SimpleQueue[int] = queue.SimpleQueue()
     code = "import sys\nfor i in range(2000): print('line', i)\nprint('oops', file=sys.stderr)\nsys.exit(3)"
-    child = Child([sys.executable, "-c", code], dict(os.environ), None,
-                  lambda pid, stream, line: lines.append((stream, line)), exits.put)
+    child = Child(
+        [sys.executable, "-c", code],
+        dict(os.environ),
+        None,
+        lambda pid, stream, line: lines.append((stream, line)),
+        exits.put,
+    )
     assert exits.get(timeout=120) == 3
     assert [line for stream, line in lines if stream == "stdout"] == [f"line {i}" for i in range(2000)]
     assert ("stderr", "oops") in lines
@@ -121,10 +126,23 @@ def test_worker_exits_when_the_lifeline_closes(tmp_path: Path) -> None:
     port = free_port()
     exits: queue.SimpleQueue[int] = queue.SimpleQueue()
     ready = threading.Event()
-    argv = [sys.executable, str(FAKE_WORKER), "--model", "m", "--port", str(port),
-            "--lifeline-fd", str(lifeline.read_fd)]
-    child = Child(argv, dict(os.environ), lifeline,
-                  lambda pid, stream, line: ready.set() if line.startswith("VELOXD_READY") else None, exits.put)
+    argv = [
+        sys.executable,
+        str(FAKE_WORKER),
+        "--model",
+        "m",
+        "--port",
+        str(port),
+        "--lifeline-fd",
+        str(lifeline.read_fd),
+    ]
+    child = Child(
+        argv,
+        dict(os.environ),
+        lifeline,
+        lambda pid, stream, line: ready.set() if line.startswith("VELOXD_READY") else None,
+        exits.put,
+    )
     assert ready.wait(120)
     wait_until(lambda: health_ok("127.0.0.1", port), 120, what="/health")
     lifeline.close()

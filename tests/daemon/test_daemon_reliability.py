@@ -33,8 +33,9 @@ RESTART = {"max_failures": 2, "window_s": 600, "backoff_initial_s": 0.2, "backof
 
 
 def real(port: int, model: Path, **extra: Any) -> dict[str, Any]:
-    return entry(port, model=str(model), method="fp16", ready_timeout_s=LOAD_S, stop_timeout_s=20,
-                 restart=dict(RESTART), **extra)
+    return entry(
+        port, model=str(model), method="fp16", ready_timeout_s=LOAD_S, stop_timeout_s=20, restart=dict(RESTART), **extra
+    )
 
 
 def copy_model(target: Path, model_type: str | None = None, broken_weights: bool = False) -> Path:
@@ -208,8 +209,11 @@ def test_3_state_write_failure_is_logged_retried_and_stops_no_server(start_daemo
     daemon.servers["alpha"]["description"] = "state dir is back"
     save(daemon)
     daemon.wait_event("state_write_recovered", after=mark, timeout=60)
-    wait_for(lambda: daemon.state()["config"]["servers"]["alpha"]["description"] == "state dir is back", 60,
-             "the state file written again")
+    wait_for(
+        lambda: daemon.state()["config"]["servers"]["alpha"]["description"] == "state dir is back",
+        60,
+        "the state file written again",
+    )
     assert daemon.server("alpha")["pid"] == before["alpha"]["pid"]
 
 
@@ -220,7 +224,7 @@ def test_6_alias_bomb_by_size_is_refused_and_the_daemon_keeps_serving(start_daem
     before = daemon.wait_states({"alpha": "ready"}, timeout=LOAD_S)
     good = daemon.config.read_text()
     big = "x" * 900_000
-    bomb = good + f"x-big: &big \"{big}\"\nx-use: [{', '.join(['*big'] * 1000)}]\n"
+    bomb = good + f'x-big: &big "{big}"\nx-use: [{", ".join(["*big"] * 1000)}]\n'
     assert len(bomb.encode()) < 1 << 20
     mark = daemon.mark()
     daemon.write(bomb)
@@ -246,8 +250,9 @@ def test_7_secrets_redacted_auth_scheme_status_codes_closed_pipe(start_daemon: A
         assert HUB_TOKEN not in text and API_KEY not in text
     port = daemon.servers["alpha"]["port"]
     for scheme in ("Bearer", "bearer", "BEARER"):
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/v1/models",
-                                         headers={"Authorization": f"{scheme} {API_KEY}"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": f"{scheme} {API_KEY}"}
+        )
         with urllib.request.urlopen(request, timeout=60) as response:
             assert response.status == 200, scheme
     assert http_json(f"http://127.0.0.1:{port}/v1/models", headers={"Authorization": "bearer wrong"})[0] == 401

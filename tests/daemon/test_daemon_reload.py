@@ -47,7 +47,9 @@ def from_the_first_config(daemon: DaemonHarness) -> None:
         mark = daemon.mark()
         daemon.servers = copy.deepcopy(baseline)  # type: ignore[attr-defined]
         daemon.write(daemon.servers)  # type: ignore[attr-defined]
-        daemon.wait_event("config_reloaded", after=mark, config_sha256=hashlib.sha256(daemon.config.read_bytes()).hexdigest())
+        daemon.wait_event(
+            "config_reloaded", after=mark, config_sha256=hashlib.sha256(daemon.config.read_bytes()).hexdigest()
+        )
     daemon.wait_states(dict.fromkeys(NAMES, "ready"))
 
 
@@ -165,7 +167,9 @@ def test_cli_restart_status_and_logs(daemon: DaemonHarness) -> None:
     assert history and all(json.loads(line)["server"] == "b" for line in history)
     follower = subprocess.Popen(
         veloxd_cmd("logs", "--follow", "--server", "b", "--log-file", str(daemon.log_file)),
-        stdout=subprocess.PIPE, text=True, cwd=REPO,
+        stdout=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
     )
     followed: list[dict] = []
     threading.Thread(target=lambda: followed.extend(json.loads(line) for line in follower.stdout), daemon=True).start()
@@ -185,8 +189,11 @@ def test_cli_restart_status_and_logs(daemon: DaemonHarness) -> None:
     last_two = daemon.cli("logs", "-n", "2", "--server", "a", "--log-file", str(daemon.log_file)).stdout
     assert [json.loads(line)["server"] for line in last_two.splitlines()] == ["a", "a"]
     try:
-        wait_for(lambda: any(r["event"] == "server_ready" and r["pid"] == after["b"] for r in followed), 120,
-                 "`veloxd logs --follow` to show b's new server_ready")
+        wait_for(
+            lambda: any(r["event"] == "server_ready" and r["pid"] == after["b"] for r in followed),
+            120,
+            "`veloxd logs --follow` to show b's new server_ready",
+        )
         assert all(r["server"] == "b" for r in followed)
         assert followed[len(history)]["event"] == "server_restart_requested"
     finally:
@@ -233,8 +240,18 @@ def test_every_log_line_is_json_with_the_fixed_keys(daemon: DaemonHarness) -> No
         if record["event"].startswith("server_"):
             assert "server" in record and "pid" in record, line
     events = {json.loads(line)["event"] for line in lines}
-    assert {"daemon_started", "config_loaded", "config_reloaded", "config_reload_failed", "server_starting",
-            "server_ready", "server_output", "server_stopping", "server_exited", "server_stopped"} <= events
+    assert {
+        "daemon_started",
+        "config_loaded",
+        "config_reloaded",
+        "config_reload_failed",
+        "server_starting",
+        "server_ready",
+        "server_output",
+        "server_stopping",
+        "server_exited",
+        "server_stopped",
+    } <= events
 
 
 def test_sigterm_stops_every_worker_and_exits_zero(tmp_path: Path) -> None:

@@ -149,7 +149,10 @@ def test_model_reappearing_revives_fatal_and_waiting_but_its_absence_stops_no_ru
     world.missing = [NO_MODEL]
     supervisor.servers["waiting"].start(1.0)
     assert {n: s.state for n, s in supervisor.servers.items()} == {
-        "ready": S.READY, "fatal": S.FATAL, "waiting": S.WAITING}
+        "ready": S.READY,
+        "fatal": S.FATAL,
+        "waiting": S.WAITING,
+    }
 
     assert supervisor.model_changed(["ready", "fatal", "waiting"], present=False, now=2.0) == ["fatal"]
     assert supervisor.servers["fatal"].state is S.WAITING and supervisor.servers["ready"].state is S.READY

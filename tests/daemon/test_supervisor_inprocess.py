@@ -64,8 +64,9 @@ class FakeSpawner:
         return child
 
     def spawn_download(self, name: str, spawn_id: int, entry: ServerEntry) -> FakeChild:
-        child = FakeChild(argv=["veloxd", "pull", "--progress-json", "--model", entry.model],
-                          pid=1000 + len(self.children))
+        child = FakeChild(
+            argv=["veloxd", "pull", "--progress-json", "--model", entry.model], pid=1000 + len(self.children)
+        )
         self.children.append((name, spawn_id, child))
         return child
 
@@ -79,8 +80,15 @@ class FakeSpawner:
 
 
 def make_entry(name: str, port: int, **extra: Any) -> ServerEntry:
-    data = {"model": FAKE_MODEL, "port": port, "method": "fp16", "ready_timeout_s": 30,
-            "stop_timeout_s": 5, "restart": dict(RESTART), **extra}
+    data = {
+        "model": FAKE_MODEL,
+        "port": port,
+        "method": "fp16",
+        "ready_timeout_s": 30,
+        "stop_timeout_s": 5,
+        "restart": dict(RESTART),
+        **extra,
+    }
     return ServerEntry.from_dict(name, data)
 
 

@@ -1,8 +1,8 @@
 """A stand-in rank for the launcher tests: no model, but the real worker's stop and lifeline code.
 
-    fake_rank.py RANK CODE DIR: rank RANK waits until every other rank said "waiting" (a file per
-    rank in DIR), writes one line in two pieces, then exits with CODE; every other rank says
-    "waiting" and runs until SIGTERM or EOF on stdin (`--lifeline-fd 0`).
+fake_rank.py RANK CODE DIR: rank RANK waits until every other rank said "waiting" (a file per
+rank in DIR), writes one line in two pieces, then exits with CODE; every other rank says
+"waiting" and runs until SIGTERM or EOF on stdin (`--lifeline-fd 0`).
 """
 
 from __future__ import annotations

@@ -18,9 +18,11 @@ LOCAL_PAIR = ["127.0.0.1", "127.0.0.1"]
 
 def ring_port() -> int:
     """A base port whose successor is free too (rank r listens on base + r)."""
+
     def pair() -> int | None:
         base = free_port()
         return base if base < 65000 and _free(base + 1) else None
+
     return wait_until(pair, 10, what="two free ports")
 
 
@@ -39,16 +41,44 @@ class Group:
     """`python -m veloxd.distributed.launcher` running 2 local ranks of `veloxd serve --distributed`."""
 
     def __init__(self, *serve_args: str, parallelism: str = "tensor", hosts: list[str] | None = None) -> None:
-        argv = [sys.executable, "-m", "veloxd.distributed.launcher", "--backend", "ring",
-                "--starting-port", str(ring_port()), "--hosts", ",".join(hosts or LOCAL_PAIR),
-                "--env", "PYTHONUNBUFFERED=1", "--", sys.executable, "-m", "veloxd", "serve", *serve_args,
-                "--distributed", parallelism, "--lifeline-fd", "0"]
-        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"}, start_new_session=True)
+        argv = [
+            sys.executable,
+            "-m",
+            "veloxd.distributed.launcher",
+            "--backend",
+            "ring",
+            "--starting-port",
+            str(ring_port()),
+            "--hosts",
+            ",".join(hosts or LOCAL_PAIR),
+            "--env",
+            "PYTHONUNBUFFERED=1",
+            "--",
+            sys.executable,
+            "-m",
+            "veloxd",
+            "serve",
+            *serve_args,
+            "--distributed",
+            parallelism,
+            "--lifeline-fd",
+            "0",
+        ]
+        self.proc = subprocess.Popen(
+            argv,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=REPO,
+            env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            start_new_session=True,
+        )
         self.stdout: list[str] = []
         self.stderr: list[str] = []
-        self._drains = [threading.Thread(target=self._drain, args=(stream, sink), daemon=True)
-                        for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))]
+        self._drains = [
+            threading.Thread(target=self._drain, args=(stream, sink), daemon=True)
+            for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))
+        ]
         for drain in self._drains:
             drain.start()
 
@@ -64,7 +94,7 @@ class Group:
         def payload() -> dict[str, Any] | None:
             for line in self.stdout:
                 if line.startswith("[rank 0] " + READY_PREFIX):
-                    return json.loads(line[len("[rank 0] " + READY_PREFIX):])
+                    return json.loads(line[len("[rank 0] " + READY_PREFIX) :])
             if self.proc.poll() is not None:
                 raise AssertionError(f"group exited {self.proc.returncode}: {self.stderr[-30:]}")
             return None

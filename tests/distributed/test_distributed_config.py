@@ -20,8 +20,16 @@ from veloxd.distributed.rank_lines import split_rank, tag
 def heads_model(directory: Path, heads: int = 4, kv_heads: int = 2, index: bool = False) -> None:
     model = directory / "model"
     model.mkdir(parents=True, exist_ok=True)
-    (model / "config.json").write_text(json.dumps({"model_type": "llama", "num_attention_heads": heads,
-                                                   "num_key_value_heads": kv_heads, "num_hidden_layers": 4}))
+    (model / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "llama",
+                "num_attention_heads": heads,
+                "num_key_value_heads": kv_heads,
+                "num_hidden_layers": 4,
+            }
+        )
+    )
     if index:
         (model / "model.safetensors.index.json").write_text('{"weight_map": {}}')
 
@@ -44,33 +52,55 @@ def test_a_local_pair_is_valid_and_round_trips_through_the_state_file(tmp_path: 
     assert plain.distributed is None and plain.to_dict()["distributed"] is None
 
 
-@pytest.mark.parametrize(("block", "where", "says"), [
-    ("  backend: ring\n", "$.servers.coder.distributed", "exactly one of hosts"),
-    ("  hosts: [127.0.0.1]\n", "$.servers.coder.distributed.hosts", "too short"),
-    ("  hosts: [127.0.0.1, myhost]\n", "$.servers.coder.distributed.hosts[1]", "needs an IP address for rank 1"),
-    ("  hosts: [192.0.2.7, 127.0.0.1]\n", "$.servers.coder.distributed.hosts[0]", "must be this machine"),
-    ("  hosts: [127.0.0.1, 192.0.2.7]\n", "$.servers.coder.distributed.hosts[0]", "reachable only on loopback"),
-    ("  hosts: [127.0.0.1, 127.0.0.1]\n  backend: jaccl\n", "$.servers.coder.distributed.backend", "needs a hostfile"),
-    ("  hosts: [127.0.0.1, 127.0.0.1]\n  backend: mpi\n", "$.servers.coder.distributed.backend", "choose one of"),
-    ("  hosts: [127.0.0.1, 127.0.0.1, 127.0.0.1]\n", "$.servers.coder.distributed.hosts", "does not divide by 3"),
-    ("  hosts: [127.0.0.1, 127.0.0.1]\n  parallelism: pipeline\n", "$.servers.coder.distributed.hosts",
-     "model.safetensors.index.json"),
-    ("  hosts: [127.0.0.1, 127.0.0.1]\n  parallelism: pipeline\n", "$.servers.coder.distributed.parallelism",
-     "serves only method fp16"),
-    ("  hosts: [127.0.0.1, 127.0.0.1]\n  python: venv/bin/python\n", "$.servers.coder.distributed.python",
-     "absolute path"),
-    ("  hosts: [127.0.0.1, 127.0.0.1]\n  hostfile: hosts.json\n", "$.servers.coder.distributed", "exactly one"),
-    ("  hostfile: missing.json\n", "$.servers.coder.distributed.hostfile", "cannot read hostfile"),
-    ("  hosts: [127.0.0.1, 127.0.0.1]\n  porrt: 4000\n", "$.servers.coder.distributed.porrt", "did you mean 'port'"),
-])
+@pytest.mark.parametrize(
+    ("block", "where", "says"),
+    [
+        ("  backend: ring\n", "$.servers.coder.distributed", "exactly one of hosts"),
+        ("  hosts: [127.0.0.1]\n", "$.servers.coder.distributed.hosts", "too short"),
+        ("  hosts: [127.0.0.1, myhost]\n", "$.servers.coder.distributed.hosts[1]", "needs an IP address for rank 1"),
+        ("  hosts: [192.0.2.7, 127.0.0.1]\n", "$.servers.coder.distributed.hosts[0]", "must be this machine"),
+        ("  hosts: [127.0.0.1, 192.0.2.7]\n", "$.servers.coder.distributed.hosts[0]", "reachable only on loopback"),
+        (
+            "  hosts: [127.0.0.1, 127.0.0.1]\n  backend: jaccl\n",
+            "$.servers.coder.distributed.backend",
+            "needs a hostfile",
+        ),
+        ("  hosts: [127.0.0.1, 127.0.0.1]\n  backend: mpi\n", "$.servers.coder.distributed.backend", "choose one of"),
+        ("  hosts: [127.0.0.1, 127.0.0.1, 127.0.0.1]\n", "$.servers.coder.distributed.hosts", "does not divide by 3"),
+        (
+            "  hosts: [127.0.0.1, 127.0.0.1]\n  parallelism: pipeline\n",
+            "$.servers.coder.distributed.hosts",
+            "model.safetensors.index.json",
+        ),
+        (
+            "  hosts: [127.0.0.1, 127.0.0.1]\n  parallelism: pipeline\n",
+            "$.servers.coder.distributed.parallelism",
+            "serves only method fp16",
+        ),
+        (
+            "  hosts: [127.0.0.1, 127.0.0.1]\n  python: venv/bin/python\n",
+            "$.servers.coder.distributed.python",
+            "absolute path",
+        ),
+        ("  hosts: [127.0.0.1, 127.0.0.1]\n  hostfile: hosts.json\n", "$.servers.coder.distributed", "exactly one"),
+        ("  hostfile: missing.json\n", "$.servers.coder.distributed.hostfile", "cannot read hostfile"),
+        (
+            "  hosts: [127.0.0.1, 127.0.0.1]\n  porrt: 4000\n",
+            "$.servers.coder.distributed.porrt",
+            "did you mean 'port'",
+        ),
+    ],
+)
 def test_each_mistake_is_located_at_its_key(tmp_path: Path, block: str, where: str, says: str) -> None:
     found = issues(config_with(tmp_path, block))
     assert any(path == where and says in message for _, _, path, message in found), found
 
 
 def test_hostfile_in_mlx_format_and_jaccl_rdma_shape(tmp_path: Path) -> None:
-    hosts = [{"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "rdma": [None, "rdma_en3"]},
-             {"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "rdma": ["rdma_en3", None]}]
+    hosts = [
+        {"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "rdma": [None, "rdma_en3"]},
+        {"ssh": "127.0.0.1", "ips": ["127.0.0.1"], "rdma": ["rdma_en3", None]},
+    ]
     (tmp_path / "hosts.json").write_text(json.dumps({"backend": "jaccl", "envs": [], "hosts": hosts}))
     config = inspect_config(config_with(tmp_path, "  hostfile: hosts.json\n  backend: jaccl\n")).config
     assert config is not None and config.servers["coder"].distributed.hostfile == str(tmp_path / "hosts.json")
@@ -82,8 +112,13 @@ def test_hostfile_in_mlx_format_and_jaccl_rdma_shape(tmp_path: Path) -> None:
 
 def test_adapters_cannot_be_sharded(tmp_path: Path) -> None:
     (tmp_path / "adapter").mkdir()
-    path = write_config(tmp_path, entry("model: ./model\nport: 8081\nmethod: fp16\nadapter_path: ./adapter\n"
-                                        "distributed: {hosts: [127.0.0.1, 127.0.0.1]}"))
+    path = write_config(
+        tmp_path,
+        entry(
+            "model: ./model\nport: 8081\nmethod: fp16\nadapter_path: ./adapter\n"
+            "distributed: {hosts: [127.0.0.1, 127.0.0.1]}"
+        ),
+    )
     heads_model(tmp_path)
     assert [(p, "adapter" in m) for _, _, p, m in issues(path)] == [("$.servers.coder.distributed", True)]
 
@@ -98,16 +133,22 @@ def test_changing_the_block_restarts_only_that_entry_and_plan_shows_it(tmp_path:
 
 
 def test_group_argv_runs_mlx_launcher_with_the_rank_command(tmp_path: Path) -> None:
-    config = inspect_config(config_with(
-        tmp_path, "  hosts: [127.0.0.1, 127.0.0.1]\n  python: /opt/py/bin/python\n  cwd: /srv\n  env: {A: b}\n"
-    )).config
+    config = inspect_config(
+        config_with(
+            tmp_path, "  hosts: [127.0.0.1, 127.0.0.1]\n  python: /opt/py/bin/python\n  cwd: /srv\n  env: {A: b}\n"
+        )
+    ).config
     assert config is not None
     argv = group_argv(config.servers["coder"], [sys.executable, "-m", "veloxd", "serve"], 7)
     split = argv.index("--")
-    launcher, ranks = argv[:split], argv[split + 1:]
+    launcher, ranks = argv[:split], argv[split + 1 :]
     assert launcher[:5] == [sys.executable, "-m", "veloxd.distributed.launcher", "--lifeline-fd", "7"]
-    for flag, value in (("--backend", "ring"), ("--hosts", "127.0.0.1,127.0.0.1"), ("--starting-port", "32323"),
-                        ("--cwd", "/srv")):
+    for flag, value in (
+        ("--backend", "ring"),
+        ("--hosts", "127.0.0.1,127.0.0.1"),
+        ("--starting-port", "32323"),
+        ("--cwd", "/srv"),
+    ):
         assert launcher[launcher.index(flag) + 1] == value
     assert "A=b" in launcher and "PYTHONUNBUFFERED=1" in launcher
     assert ranks[:4] == ["/opt/py/bin/python", "-m", "veloxd", "serve"]
@@ -122,20 +163,35 @@ def test_rank_tags_round_trip() -> None:
 
 def test_ranks_ports_must_not_overlap_other_entries(tmp_path: Path) -> None:
     heads_model(tmp_path)
-    path = write_config(tmp_path, """\
+    path = write_config(
+        tmp_path,
+        """\
         version: 1
         servers:
           a: {model: ./model, port: 40001, method: fp16, distributed: {hosts: [127.0.0.1, 127.0.0.1], port: 40000}}
           b: {model: ./model, port: 8081, method: fp16, distributed: {hosts: [127.0.0.1, 127.0.0.1], port: 40000}}
-        """)
+        """,
+    )
     heads_model(tmp_path)
     found = issues(path)
     assert [(p, m.rsplit("of ", 1)[1]) for _, _, p, m in found] == [
-        ("$.servers.a.distributed.port", "this server's own port"), ("$.servers.b.distributed.port", "server 'a'")]
+        ("$.servers.a.distributed.port", "this server's own port"),
+        ("$.servers.b.distributed.port", "server 'a'"),
+    ]
 
 
 @pytest.mark.slow
 def test_a_rank_outside_a_group_refuses_before_loading() -> None:
-    done = run_veloxd("serve", "--model", str(Path(__file__).parents[2] / "veloxd" / "assets" / "tiny-llama"),
-                      "--method", "fp16", "--port", "1", "--distributed", "tensor", timeout=120)
+    done = run_veloxd(
+        "serve",
+        "--model",
+        str(Path(__file__).parents[2] / "veloxd" / "assets" / "tiny-llama"),
+        "--method",
+        "fp16",
+        "--port",
+        "1",
+        "--distributed",
+        "tensor",
+        timeout=120,
+    )
     assert done.returncode == 2 and "not one rank of a group" in done.stderr, done.stderr

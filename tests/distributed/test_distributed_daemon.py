@@ -26,8 +26,15 @@ def rank_pids(ready: dict) -> list[int]:
 @pytest.mark.slow
 def test_a_distributed_entry_is_supervised_as_one_unit(tmp_path: Path) -> None:
     h = DaemonHarness(tmp_path, real_worker=True)
-    group = entry(free_port(), model=str(ASSET_MODEL), method="affine", bits=4, ready_timeout_s=LOAD_S,
-                  stop_timeout_s=30, distributed={"hosts": LOCAL_PAIR, "port": ring_port()})
+    group = entry(
+        free_port(),
+        model=str(ASSET_MODEL),
+        method="affine",
+        bits=4,
+        ready_timeout_s=LOAD_S,
+        stop_timeout_s=30,
+        distributed={"hosts": LOCAL_PAIR, "port": ring_port()},
+    )
     solo = entry(free_port(), model=str(ASSET_MODEL), method="fp16", ready_timeout_s=LOAD_S)
     h.write({"group": group, "solo": solo})
     try:
@@ -37,8 +44,11 @@ def test_a_distributed_entry_is_supervised_as_one_unit(tmp_path: Path) -> None:
         ranks = rank_pids(ready)
         assert ranks[0] == ready["ready"]["pid"] and sorted(ranks) == sorted(children(up["group"]["pid"]))
         assert http_json(f"http://127.0.0.1:{group['port']}/health", timeout=10)[0] == 200
-        status, body = http_json(f"http://127.0.0.1:{group['port']}/v1/completions",
-                                 {"prompt": "The house", "max_tokens": 8, "temperature": 0}, timeout=120)
+        status, body = http_json(
+            f"http://127.0.0.1:{group['port']}/v1/completions",
+            {"prompt": "The house", "max_tokens": 8, "temperature": 0},
+            timeout=120,
+        )
         assert status == 200 and body["choices"][0]["text"].strip()
         for rank in (0, 1):  # every rank's own output reaches the JSON log, tagged
             assert h.events("server_output", server="group", rank=rank), rank

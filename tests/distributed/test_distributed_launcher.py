@@ -21,11 +21,30 @@ def launch(leaving: int, code: int, marks: Path, lifeline: int | None = None) ->
     argv = [sys.executable, "-m", "veloxd.distributed.launcher"]
     if lifeline is not None:
         argv += ["--lifeline-fd", str(lifeline)]
-    argv += ["--backend", "ring", "--starting-port", str(ring_port()), "--hosts", ",".join(LOCAL_PAIR), "--",
-             sys.executable, str(FAKE_RANK), str(leaving), str(code), str(marks)]
-    return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
-                            env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)},
-                            pass_fds=() if lifeline is None else (lifeline,), start_new_session=True)
+    argv += [
+        "--backend",
+        "ring",
+        "--starting-port",
+        str(ring_port()),
+        "--hosts",
+        ",".join(LOCAL_PAIR),
+        "--",
+        sys.executable,
+        str(FAKE_RANK),
+        str(leaving),
+        str(code),
+        str(marks),
+    ]
+    return subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=REPO,
+        env={**os.environ, "PYTHONUNBUFFERED": "1", "PYTHONPATH": str(REPO)},
+        pass_fds=() if lifeline is None else (lifeline,),
+        start_new_session=True,
+    )
 
 
 def rank_pids(proc: subprocess.Popen[str], lines: list[str]) -> list[int]:
@@ -40,8 +59,7 @@ def rank_pids(proc: subprocess.Popen[str], lines: list[str]) -> list[int]:
 
 @pytest.mark.slow
 @pytest.mark.parametrize(("code", "group_code"), [(2, 2), (0, 3), (1, 3)])
-def test_a_rank_that_ends_takes_the_group_down_with_a_telling_code(code: int, group_code: int,
-                                                                  tmp_path: Path) -> None:
+def test_a_rank_that_ends_takes_the_group_down_with_a_telling_code(code: int, group_code: int, tmp_path: Path) -> None:
     """2 stays 2 (retrying cannot help: the daemon goes FATAL); anything else, even 0, is a failure (3)."""
     proc = launch(leaving=1, code=code, marks=tmp_path)
     try:

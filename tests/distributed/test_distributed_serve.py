@@ -31,8 +31,9 @@ def completions(base_url: str, model: str) -> list[str]:
     from openai import OpenAI
 
     client = OpenAI(base_url=base_url, api_key="unused", timeout=120, max_retries=0)
-    return [client.completions.create(model=model, prompt=p, max_tokens=24, temperature=0).choices[0].text
-            for p in PROMPTS]
+    return [
+        client.completions.create(model=model, prompt=p, max_tokens=24, temperature=0).choices[0].text for p in PROMPTS
+    ]
 
 
 @pytest.mark.slow
@@ -75,8 +76,12 @@ def test_group_streams_chat_and_batches_concurrent_requests_in_lockstep() -> Non
         ready = group.ready()
         client = OpenAI(base_url=ready["endpoints"]["openai_base_url"], api_key="unused", timeout=120, max_retries=0)
         first = client.completions.create(model=ready["model"], prompt=PROMPTS[0], max_tokens=16, temperature=0)
-        stream = client.chat.completions.create(model=ready["model"], max_tokens=16, stream=True,
-                                                messages=[{"role": "user", "content": "Tell me about rivers."}])
+        stream = client.chat.completions.create(
+            model=ready["model"],
+            max_tokens=16,
+            stream=True,
+            messages=[{"role": "user", "content": "Tell me about rivers."}],
+        )
         pieces = [chunk.choices[0].delta.content or "" for chunk in stream if chunk.choices]
         assert "".join(pieces).strip()
         answers: dict[int, str] = {}

@@ -21,7 +21,8 @@ DEADLINE = 120
 
 
 def test_download_reports_progress_then_starts_outside_the_ready_timeout(
-        hub: HubStandIn, hub_env: dict[str, str], tmp_path: Path) -> None:
+    hub: HubStandIn, hub_env: dict[str, str], tmp_path: Path
+) -> None:
     hub.rate_bps = 2_000_000  # the weights take at least 4 s, four times ready_timeout_s
     hub.hold(3_000_000)  # ...and wait half-way until `veloxd status` has been looked at
     h = DaemonHarness(tmp_path)
@@ -29,8 +30,11 @@ def test_download_reports_progress_then_starts_outside_the_ready_timeout(
     try:
         h.start(env=hub_env)
         h.wait_event("server_downloading", timeout=DEADLINE, server="tiny", state="downloading")
-        wait_until(lambda: ((h.server("tiny").get("download") or {}).get("done_bytes") or 0) >= 2_000_000,
-                   DEADLINE, what="2 MB reported (whole 1 MiB writes)")
+        wait_until(
+            lambda: ((h.server("tiny").get("download") or {}).get("done_bytes") or 0) >= 2_000_000,
+            DEADLINE,
+            what="2 MB reported (whole 1 MiB writes)",
+        )
         shown = h.cli("status")
         assert re.search(r"^tiny\s+downloading (\d+)%", shown.stdout, re.M), shown.stdout
         assert f"tiny: downloading {MODEL}: " in shown.stdout and " MB of 8.3 MB" in shown.stdout
@@ -60,8 +64,13 @@ def test_a_killed_download_continues_where_it_stopped(hub: HubStandIn, hub_env: 
     try:
         h.start(env=hub_env)
         wait_until(lambda: hub.served_bytes(MODEL, "model.safetensors") >= 3_000_000, DEADLINE, what="3 MB served")
-        partial = wait_until(lambda: next((p for p in Path(hub_env["HF_HOME"]).rglob("*.incomplete")
-                                           if p.stat().st_size >= 2 * 1024 * 1024), None), DEADLINE, what="partial")
+        partial = wait_until(
+            lambda: next(
+                (p for p in Path(hub_env["HF_HOME"]).rglob("*.incomplete") if p.stat().st_size >= 2 * 1024 * 1024), None
+            ),
+            DEADLINE,
+            what="partial",
+        )
         step = h.server("tiny")
         assert step["state"] == "downloading"
         os.killpg(step["pid"], signal.SIGKILL)
@@ -88,18 +97,24 @@ def test_a_killed_download_continues_where_it_stopped(hub: HubStandIn, hub_env: 
 def test_each_failure_gives_its_reason_and_state(hub: HubStandIn, hub_env: dict[str, str], tmp_path: Path) -> None:
     """404 id, gated repo, too little disk and offline are FATAL at once; an unreachable hub backs off first."""
     h = DaemonHarness(tmp_path)
-    h.write({
-        "missing": entry(free_port(), model="tiny/nope"),
-        "gated": entry(free_port(), model=GATED),
-        "full": entry(free_port(), model=MODEL, env={"VELOXD_TEST_DISK_FREE_BYTES": "1000000"}),
-        "offline": entry(free_port(), model=MODEL, env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf2")}),
-        "unreachable": entry(free_port(), model=MODEL,
-                             env={"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "HF_HOME": str(tmp_path / "hf3")}),
-    })
+    h.write(
+        {
+            "missing": entry(free_port(), model="tiny/nope"),
+            "gated": entry(free_port(), model=GATED),
+            "full": entry(free_port(), model=MODEL, env={"VELOXD_TEST_DISK_FREE_BYTES": "1000000"}),
+            "offline": entry(free_port(), model=MODEL, env={"HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf2")}),
+            "unreachable": entry(
+                free_port(),
+                model=MODEL,
+                env={"HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "HF_HOME": str(tmp_path / "hf3")},
+            ),
+        }
+    )
     try:
         h.start(env=hub_env)
-        servers = h.wait_states(dict.fromkeys(["missing", "gated", "full", "offline", "unreachable"], "fatal"),
-                                timeout=DEADLINE)
+        servers = h.wait_states(
+            dict.fromkeys(["missing", "gated", "full", "offline", "unreachable"], "fatal"), timeout=DEADLINE
+        )
         status = h.cli("status").stdout
     finally:
         h.stop()
@@ -116,6 +131,7 @@ def test_each_failure_gives_its_reason_and_state(hub: HubStandIn, hub_env: dict[
         assert not h.events("server_backoff", server=name), name
         assert len(h.events("server_downloading", server=name)) == 1, name
     assert len(h.events("server_backoff", server="unreachable")) == 2  # network trouble is retried
-    assert not any(r.get("server") == n and r["event"] == "server_starting" for r in h.records()
-                   for n in reasons)  # no worker was ever started
+    assert not any(
+        r.get("server") == n and r["event"] == "server_starting" for r in h.records() for n in reasons
+    )  # no worker was ever started
     assert hub.served_bytes(MODEL) == 0 and hub.served_bytes(GATED) == 0

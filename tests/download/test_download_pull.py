@@ -25,8 +25,14 @@ WANTED = {p.name: p.stat().st_size for p in TINY.iterdir() if cache.wanted(p.nam
 
 
 def pull(*args: str, env: dict[str, str], timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "veloxd", "pull", *args], capture_output=True, text=True,
-                          env=env, cwd=REPO, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-m", "veloxd", "pull", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        timeout=timeout,
+    )
 
 
 def events(stdout: str) -> list[dict]:
@@ -55,9 +61,14 @@ def test_pull_fetches_what_mlx_lm_loads_once(hub: HubStandIn, hub_env: dict[str,
 def test_an_interrupted_pull_continues_where_it_stopped(hub: HubStandIn, hub_env: dict[str, str]) -> None:
     hub.rate_bps = 1_000_000  # ~8 s for the weights: time to kill it half-way
     weights = WANTED["model.safetensors"]
-    proc = subprocess.Popen([sys.executable, "-m", "veloxd", "pull", "--progress-json", "--model", MODEL],
-                            env=hub_env, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "veloxd", "pull", "--progress-json", "--model", MODEL],
+        env=hub_env,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         wait_until(lambda: hub.served_bytes(MODEL, "model.safetensors") >= 2_000_000, 120, what="2 MB served")
     finally:
@@ -76,7 +87,9 @@ def test_an_interrupted_pull_continues_where_it_stopped(hub: HubStandIn, hub_env
     assert first_try.start == 0 and first_try.sent >= first
     assert kept > 0 and second_try.start == kept and second_try.sent == weights - kept < weights  # continued
     blob = Path(events(done.stdout)[-1]["path"]) / "model.safetensors"
-    assert hashlib.sha256(blob.read_bytes()).digest() == hashlib.sha256((TINY / "model.safetensors").read_bytes()).digest()
+    assert (
+        hashlib.sha256(blob.read_bytes()).digest() == hashlib.sha256((TINY / "model.safetensors").read_bytes()).digest()
+    )
     assert not list((Path(hub_env["HF_HOME"]) / "hub").rglob("*.incomplete"))
 
 
@@ -90,7 +103,9 @@ def test_unknown_model_is_not_found(hub: HubStandIn, hub_env: dict[str, str]) ->
     done = pull("--progress-json", "--model", "tiny/nope", env=hub_env)
     assert done.returncode == EXIT_FATAL
     failed = _failed(done)
-    assert failed["reason"] == "not_found" and "tiny/nope" in failed["message"] and "check `model:`" in failed["message"]
+    assert (
+        failed["reason"] == "not_found" and "tiny/nope" in failed["message"] and "check `model:`" in failed["message"]
+    )
 
 
 def test_gated_model_needs_a_token(hub: HubStandIn, hub_env: dict[str, str]) -> None:
@@ -129,8 +144,10 @@ def test_unreachable_hub_is_a_network_error_to_retry(hub_env: dict[str, str]) ->
 
 def _config(tmp_path: Path, model: str = MODEL) -> Path:
     path = tmp_path / "veloxd.yaml"
-    path.write_text(f"version: 1\nservers:\n  tiny: {{model: {model}, port: 18181, method: fp16}}\n"
-                    f"  local: {{model: {TINY}, port: 18182, method: fp16}}\n")
+    path.write_text(
+        f"version: 1\nservers:\n  tiny: {{model: {model}, port: 18181, method: fp16}}\n"
+        f"  local: {{model: {TINY}, port: 18182, method: fp16}}\n"
+    )
     return path
 
 
@@ -138,9 +155,14 @@ def test_pull_shows_a_progress_bar_on_a_terminal(hub: HubStandIn, hub_env: dict[
     hub.rate_bps = 4_000_000
     primary, secondary = pty.openpty()
     fcntl.ioctl(secondary, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 100, 0, 0))  # a 100-column terminal
-    proc = subprocess.Popen([sys.executable, "-m", "veloxd", "pull", "--config", str(_config(tmp_path))],
-                            env=hub_env, cwd=REPO, stdin=secondary, stdout=secondary,
-                            stderr=secondary)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "veloxd", "pull", "--config", str(_config(tmp_path))],
+        env=hub_env,
+        cwd=REPO,
+        stdin=secondary,
+        stdout=secondary,
+        stderr=secondary,
+    )
     os.close(secondary)
     output = b""
     while True:
@@ -162,8 +184,9 @@ def test_pull_shows_a_progress_bar_on_a_terminal(hub: HubStandIn, hub_env: dict[
     assert "downloaded 8.3 MB" in text
 
 
-def test_pull_prints_plain_lines_when_not_on_a_terminal(hub: HubStandIn, hub_env: dict[str, str],
-                                                        tmp_path: Path) -> None:
+def test_pull_prints_plain_lines_when_not_on_a_terminal(
+    hub: HubStandIn, hub_env: dict[str, str], tmp_path: Path
+) -> None:
     done = pull("--config", str(_config(tmp_path)), "tiny", env=hub_env)
     assert done.returncode == 0, done.stderr
     lines = done.stdout.splitlines()

@@ -16,8 +16,9 @@ LOAD_S = 240  # a download plus a model load on two busy CPU cores
 
 
 @pytest.mark.slow
-def test_daemon_downloads_then_a_real_worker_serves_the_model(hub: HubStandIn, hub_env: dict[str, str],
-                                                              tmp_path: Path) -> None:
+def test_daemon_downloads_then_a_real_worker_serves_the_model(
+    hub: HubStandIn, hub_env: dict[str, str], tmp_path: Path
+) -> None:
     h = DaemonHarness(tmp_path, real_worker=True)
     port = free_port()
     h.write({"tiny": entry(port, model=MODEL, method="fp16", ready_timeout_s=LOAD_S)})
@@ -26,8 +27,11 @@ def test_daemon_downloads_then_a_real_worker_serves_the_model(hub: HubStandIn, h
         h.wait_states({"tiny": "ready"}, timeout=LOAD_S)
         served = hub.served_bytes(MODEL)
         requests = len(hub.requests)
-        status, reply = http_json(f"http://127.0.0.1:{port}/v1/chat/completions",
-                                  {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4}, timeout=120)
+        status, reply = http_json(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            {"messages": [{"role": "user", "content": "hello"}], "max_tokens": 4},
+            timeout=120,
+        )
         assert status == 200 and reply["choices"][0]["message"]["content"] is not None
 
         mark = h.mark()

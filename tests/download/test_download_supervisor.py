@@ -43,7 +43,11 @@ def test_download_then_the_worker_with_the_ready_timeout_from_then(tmp_path: Pat
     with structlog.testing.capture_logs() as events:
         sup, spawner, _ = setup(tmp_path, ready_timeout_s=30)
         server = sup.servers["a"]
-        assert server.state is S.DOWNLOADING and spawner.latest("a")[1].argv[:3] == ["veloxd", "pull", "--progress-json"]
+        assert server.state is S.DOWNLOADING and spawner.latest("a")[1].argv[:3] == [
+            "veloxd",
+            "pull",
+            "--progress-json",
+        ]
         assert server.next_deadline() is None  # no timeout while downloading
         line(sup, spawner, 1.0, event="plan", revision="c" * 40, files=2, total_bytes=1000, local_bytes=0)
         for second in range(2, 600):  # ten minutes at 1.6 bytes/s: far longer than ready_timeout_s

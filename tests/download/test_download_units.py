@@ -18,7 +18,12 @@ def test_protocol_lines_round_trip_and_other_lines_are_not_events() -> None:
     line = format_line("progress", done_bytes=5, total_bytes=10)
     assert line.startswith("VELOXD_DOWNLOAD ") and "\n" not in line
     assert parse_line(line) == {"event": "progress", "done_bytes": 5, "total_bytes": 10}
-    for other in ("Fetching 7 files", "VELOXD_DOWNLOAD {broken", 'VELOXD_DOWNLOAD ["list"]', 'VELOXD_DOWNLOAD {"x": 1}'):
+    for other in (
+        "Fetching 7 files",
+        "VELOXD_DOWNLOAD {broken",
+        'VELOXD_DOWNLOAD ["list"]',
+        'VELOXD_DOWNLOAD {"x": 1}',
+    ):
         assert parse_line(other) is None
 
 
@@ -68,8 +73,14 @@ def test_download_phase_turns_lines_into_throttled_events() -> None:
     assert events[0]["done_bytes"] == 200 and events[0]["total_bytes"] == 1000
     assert events[-1]["percent"] <= 100.0 and events[-1]["rate_bps"] == pytest.approx(16, rel=0.01)
     phase.on_line({"event": "done", "total_bytes": 1000, "fetched_bytes": 800, "revision": "abc", "path": "/x"}, 160)
-    assert phase.finished(160.0) == {"size_bytes": 1000, "fetched_bytes": 800, "resumed_from_bytes": 200,
-                                     "download_s": 60.0, "revision": "abc", "path": "/x"}
+    assert phase.finished(160.0) == {
+        "size_bytes": 1000,
+        "fetched_bytes": 800,
+        "resumed_from_bytes": 200,
+        "download_s": 60.0,
+        "revision": "abc",
+        "path": "/x",
+    }
 
 
 def test_download_phase_names_a_crash_without_a_verdict() -> None:
@@ -84,8 +95,19 @@ def test_allow_patterns_are_mlx_lms() -> None:
     from mlx_lm.utils import DEFAULT_ALLOW_PATTERNS
 
     assert list(cache.ALLOW_PATTERNS) == DEFAULT_ALLOW_PATTERNS
-    chosen = [p for p in ("config.json", "model-00001-of-00002.safetensors", "consolidated.safetensors",
-                          "README.md", "tokenizer.model", "chat_template.jinja", "pytorch_model.bin") if cache.wanted(p)]
+    chosen = [
+        p
+        for p in (
+            "config.json",
+            "model-00001-of-00002.safetensors",
+            "consolidated.safetensors",
+            "README.md",
+            "tokenizer.model",
+            "chat_template.jinja",
+            "pytorch_model.bin",
+        )
+        if cache.wanted(p)
+    ]
     assert chosen == ["config.json", "model-00001-of-00002.safetensors", "tokenizer.model", "chat_template.jinja"]
 
 
@@ -108,15 +130,19 @@ def _snapshot(root: Path, files: dict[str, str], listed: list[str] | None) -> Pa
         (snap / name).write_text(text)
     if listed is not None:
         (repo / "trees").mkdir()
-        (repo / "trees" / f"{commit}.json").write_text(json.dumps(
-            {"format_version": 1, "files": {p: {"size": 1, "blob_id": "x"} for p in listed}}))
+        (repo / "trees" / f"{commit}.json").write_text(
+            json.dumps({"format_version": 1, "files": {p: {"size": 1, "blob_id": "x"} for p in listed}})
+        )
     return snap
 
 
 def test_local_snapshot_is_exact_with_a_tree_listing(tmp_path: Path) -> None:
     env = {"HF_HOME": str(tmp_path)}
-    snap = _snapshot(tmp_path, {"config.json": "{}", "tokenizer.json": "{}"},
-                     ["config.json", "tokenizer.json", "model.safetensors", "README.md"])
+    snap = _snapshot(
+        tmp_path,
+        {"config.json": "{}", "tokenizer.json": "{}"},
+        ["config.json", "tokenizer.json", "model.safetensors", "README.md"],
+    )
     assert cache.local_snapshot("o/m", env) is None and needs_download("o/m", env)  # weights missing
     (snap / "model.safetensors").write_text("w")
     assert cache.local_snapshot("o/m", env) == snap and not needs_download("o/m", env)  # README.md is not needed
@@ -125,8 +151,16 @@ def test_local_snapshot_is_exact_with_a_tree_listing(tmp_path: Path) -> None:
 def test_local_snapshot_without_a_listing_checks_config_tokenizer_and_indexed_shards(tmp_path: Path) -> None:
     env = {"HF_HOME": str(tmp_path)}
     index = json.dumps({"weight_map": {"a": "model-1.safetensors", "b": "model-2.safetensors"}})
-    snap = _snapshot(tmp_path, {"config.json": "{}", "tokenizer.json": "{}", "model.safetensors.index.json": index,
-                                "model-1.safetensors": "w"}, None)
+    snap = _snapshot(
+        tmp_path,
+        {
+            "config.json": "{}",
+            "tokenizer.json": "{}",
+            "model.safetensors.index.json": index,
+            "model-1.safetensors": "w",
+        },
+        None,
+    )
     assert cache.local_snapshot("o/m", env) is None
     (snap / "model-2.safetensors").write_text("w")
     assert cache.local_snapshot("o/m", env) == snap

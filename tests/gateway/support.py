@@ -21,8 +21,14 @@ def gateway_yaml(gateway: Mapping[str, Any], servers: Mapping[str, Mapping[str, 
 
 def fake_entry(model: Path | str, **extra: Any) -> dict[str, Any]:
     """An entry for the stand-in worker: fast timeouts, fp16."""
-    return {"model": str(model), "method": "fp16", "ready_timeout_s": 30, "stop_timeout_s": 5,
-            "restart": dict(FAST_RESTART), **extra}
+    return {
+        "model": str(model),
+        "method": "fp16",
+        "ready_timeout_s": 30,
+        "stop_timeout_s": 5,
+        "restart": dict(FAST_RESTART),
+        **extra,
+    }
 
 
 def model_dir(root: Path, name: str, weights_bytes: int = 1000, context: int = 16) -> Path:
@@ -38,14 +44,16 @@ def events_after(h: DaemonHarness, mark: int, event: str, **match: Any) -> list[
     return [r for r in h.records()[mark:] if r["event"] == event and all(r.get(k) == v for k, v in match.items())]
 
 
-def post(base: str, path: str, body: dict[str, Any] | bytes, headers: dict[str, str] | None = None,
-         timeout: float = 60) -> tuple[int, Any]:
+def post(
+    base: str, path: str, body: dict[str, Any] | bytes, headers: dict[str, str] | None = None, timeout: float = 60
+) -> tuple[int, Any]:
     import urllib.error
     import urllib.request
 
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(base + path, data=data,
-                                     headers={"Content-Type": "application/json", **(headers or {})})
+    request = urllib.request.Request(
+        base + path, data=data, headers={"Content-Type": "application/json", **(headers or {})}
+    )
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, json.loads(response.read())
@@ -65,5 +73,9 @@ def models(base: str, headers: dict[str, str] | None = None) -> dict[str, dict[s
 
 
 def wait_model_state(base: str, name: str, state: str, timeout: float = 60) -> dict[str, Any]:
-    return wait_until(lambda: (card := models(base).get(name)) and card["state"] == state and card,
-                      timeout, interval=0.05, what=f"{name} {state} in /v1/models")
+    return wait_until(
+        lambda: (card := models(base).get(name)) and card["state"] == state and card,
+        timeout,
+        interval=0.05,
+        what=f"{name} {state} in /v1/models",
+    )

@@ -22,8 +22,12 @@ def test_gateway_block_defaults_sizes_and_assigned_ports(tmp_path: Path) -> None
     config = load_config(write_config(tmp_path, BASE))
     gateway = config.gateway
     assert gateway is not None
-    assert (gateway.host, gateway.port, gateway.memory_budget, gateway.max_body_bytes) == ("127.0.0.1", 9000,
-                                                                                         48 * 10**9, 16_000_000)
+    assert (gateway.host, gateway.port, gateway.memory_budget, gateway.max_body_bytes) == (
+        "127.0.0.1",
+        9000,
+        48 * 10**9,
+        16_000_000,
+    )
     coder, chat = config.servers["coder"], config.servers["chat"]
     assert ASSIGNED_PORTS[0] <= coder.port <= ASSIGNED_PORTS[1] and chat.port == 8082
     assert coder.aliases == ("code", "gpt-4o") and coder.start == "always" and chat.start == "on_demand"
@@ -60,8 +64,11 @@ servers:
   coder: {model: ./model, method: fp16, port: 9000}
 """
     found = {(path, message) for _, _, path, message in issues(write_config(tmp_path, text))}
-    assert ("$.gateway.host", "host 0.0.0.0 exposes the gateway beyond this machine: set api_key_env (clients "
-            "then need a bearer token) or, deliberately, allow_unauthenticated: true") in found
+    assert (
+        "$.gateway.host",
+        "host 0.0.0.0 exposes the gateway beyond this machine: set api_key_env (clients "
+        "then need a bearer token) or, deliberately, allow_unauthenticated: true",
+    ) in found
     assert any(path == "$.gateway.memory_budget" and "at least 1 byte" in message for path, message in found)
     assert any(path == "$.gateway.port" and "already used by server 'coder'" in message for path, message in found)
 
@@ -76,12 +83,18 @@ def test_on_demand_and_missing_ports_need_a_gateway(tmp_path: Path) -> None:
 
 def test_aliases_idle_budget_and_auth_change_live_and_host_port_restart_the_gateway(tmp_path: Path) -> None:
     before = load_config(write_config(tmp_path, BASE))
-    live = BASE.replace("[code, gpt-4o]", "[code]").replace("idle_unload_s: 300", "idle_unload_s: 30") \
-               .replace("memory_budget: 48G", "memory_budget: 8G, api_key_env: TOKEN, start_timeout_s: 5")
+    live = (
+        BASE.replace("[code, gpt-4o]", "[code]")
+        .replace("idle_unload_s: 300", "idle_unload_s: 30")
+        .replace("memory_budget: 48G", "memory_budget: 8G, api_key_env: TOKEN, start_timeout_s: 5")
+    )
     plan = diff(before, load_config(write_config(tmp_path, live, name="live.yaml")))
     assert not plan.changed and set(plan.updated) == {"coder", "chat", GATEWAY_NAME}
-    assert set(plan.updated[GATEWAY_NAME]) == {"gateway.memory_budget", "gateway.api_key_env",
-                                               "gateway.start_timeout_s"}
+    assert set(plan.updated[GATEWAY_NAME]) == {
+        "gateway.memory_budget",
+        "gateway.api_key_env",
+        "gateway.start_timeout_s",
+    }
     moved = BASE.replace("port: 9000", "port: 9001")
     plan = diff(before, load_config(write_config(tmp_path, moved, name="moved.yaml")))
     assert set(plan.changed) == {GATEWAY_NAME} and plan.changed[GATEWAY_NAME] == ("gateway.port",)

@@ -16,8 +16,14 @@ from veloxd.gateway.memory import Need, default_budget, entry_need, memory_table
 MB = 1_000_000
 
 
-def resident(name: str, need: int, last_used: float, on_demand: bool = True, busy: bool = False,
-             idle_unload_s: float | None = None) -> Resident:
+def resident(
+    name: str,
+    need: int,
+    last_used: float,
+    on_demand: bool = True,
+    busy: bool = False,
+    idle_unload_s: float | None = None,
+) -> Resident:
     return Resident(name, need, on_demand, busy, last_used, idle_unload_s)
 
 
@@ -26,8 +32,11 @@ def test_admits_what_fits_without_unloading() -> None:
 
 
 def test_unloads_idle_on_demand_servers_least_recently_used_first() -> None:
-    residents = [resident("recent", 3 * MB, last_used=50.0), resident("oldest", 3 * MB, last_used=10.0),
-                 resident("older", 3 * MB, last_used=20.0)]
+    residents = [
+        resident("recent", 3 * MB, last_used=50.0),
+        resident("oldest", 3 * MB, last_used=10.0),
+        resident("older", 3 * MB, last_used=20.0),
+    ]
     assert admit("new", 4 * MB, residents, budget=10 * MB) == Admit(("oldest",))
     assert admit("new", 7 * MB, residents, budget=10 * MB) == Admit(("oldest", "older"))
 
@@ -45,11 +54,13 @@ def test_the_server_being_admitted_does_not_count_against_itself() -> None:
 
 
 def test_idle_follows_a_fake_clock() -> None:
-    residents = [resident("short", MB, last_used=100.0, idle_unload_s=5.0),
-                 resident("long", MB, last_used=100.0, idle_unload_s=60.0),
-                 resident("never", MB, last_used=0.0),
-                 resident("busy", MB, last_used=0.0, busy=True, idle_unload_s=1.0),
-                 resident("pinned", MB, last_used=0.0, on_demand=False, idle_unload_s=1.0)]
+    residents = [
+        resident("short", MB, last_used=100.0, idle_unload_s=5.0),
+        resident("long", MB, last_used=100.0, idle_unload_s=60.0),
+        resident("never", MB, last_used=0.0),
+        resident("busy", MB, last_used=0.0, busy=True, idle_unload_s=1.0),
+        resident("pinned", MB, last_used=0.0, on_demand=False, idle_unload_s=1.0),
+    ]
     assert idle(residents, now=104.9) == []
     assert idle(residents, now=105.0) == ["short"]
     assert idle(residents, now=160.0) == ["short", "long"]
@@ -77,10 +88,16 @@ def test_default_budget_is_a_fraction_of_memory_or_the_smaller_working_set() -> 
 
 
 def test_memory_table_flags_always_servers_beyond_the_budget() -> None:
-    needs = {"a": Need(6 * MB, "disk", None, 10, 1), "b": Need(6 * MB, "disk", None, 10, 1),
-             "c": Need(6 * MB, "disk", None, 10, 1)}
-    servers = {"a": SimpleNamespace(start="always"), "b": SimpleNamespace(start="on_demand"),
-               "c": SimpleNamespace(start="always")}
+    needs = {
+        "a": Need(6 * MB, "disk", None, 10, 1),
+        "b": Need(6 * MB, "disk", None, 10, 1),
+        "c": Need(6 * MB, "disk", None, 10, 1),
+    }
+    servers = {
+        "a": SimpleNamespace(start="always"),
+        "b": SimpleNamespace(start="on_demand"),
+        "c": SimpleNamespace(start="always"),
+    }
     lookup = {id(e): needs[n] for n, e in servers.items()}
     table = memory_table(servers, {"a": "ready"}, lambda e: lookup[id(e)], 10 * MB, "gateway.memory_budget")
     assert table["in_use"] == 6 * MB and table["always_over_budget"] == ["c"]
@@ -113,7 +130,9 @@ def test_the_daemon_never_imports_the_http_stack_or_mlx() -> None:
     import subprocess
     import sys
 
-    code = ("import sys, veloxd.daemon.daemon, veloxd.daemon.ondemand, veloxd.cli.config, veloxd.daemon.views; "
-            "print(sorted(m for m in ('aiohttp', 'mlx') if m in sys.modules))")
+    code = (
+        "import sys, veloxd.daemon.daemon, veloxd.daemon.ondemand, veloxd.cli.config, veloxd.daemon.views; "
+        "print(sorted(m for m in ('aiohttp', 'mlx') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -61,13 +61,22 @@ def test_routing_limits_auth_and_live_changes_without_restarts(harness: DaemonHa
     base = f"http://127.0.0.1:{gateway['port']}"
     assert ASSIGNED_PORTS[0] <= h.server("alpha")["port"] <= ASSIGNED_PORTS[1]  # no port in its entry
 
-    for model, server in (("alpha", "alpha"), ("fast", "alpha"), ("beta", "beta"), ("beta-model", "beta"),
-                          (str(beta), "beta")):
+    for model, server in (
+        ("alpha", "alpha"),
+        ("fast", "alpha"),
+        ("beta", "beta"),
+        ("beta-model", "beta"),
+        (str(beta), "beta"),
+    ):
         status, body = post(base, "/v1/completions", {"model": model, "prompt": "x"})
         assert (status, body["model"], body["pid"]) == (200, server, h.server(server)["pid"]), model
     cards = models(base)
     assert set(cards) == {"alpha", "beta"}
-    assert (cards["alpha"]["aliases"], cards["alpha"]["state"], cards["alpha"]["start"]) == (["fast"], "ready", "always")
+    assert (cards["alpha"]["aliases"], cards["alpha"]["state"], cards["alpha"]["start"]) == (
+        ["fast"],
+        "ready",
+        "always",
+    )
 
     status, body = post(base, "/v1/chat/completions", {"model": "nope", "messages": []})
     assert status == 404 and body["error"]["code"] == "model_not_found" and body["error"]["valid"] == ["alpha", "beta"]
@@ -88,21 +97,27 @@ def test_routing_limits_auth_and_live_changes_without_restarts(harness: DaemonHa
     reloaded = _reload(h, gateway_yaml(gateway, servers))
     assert set(reloaded["plan"]["updated"]) == {"alpha", GATEWAY} and not reloaded["plan"]["changed"]
     token = {"Authorization": "Bearer s3cret"}
-    wait_until(lambda: post(base, "/v1/completions", {"model": "quick", "prompt": "x"}, token)[0] == 200, 30,
-               what="the new alias routed")
+    wait_until(
+        lambda: post(base, "/v1/completions", {"model": "quick", "prompt": "x"}, token)[0] == 200,
+        30,
+        what="the new alias routed",
+    )
     assert post(base, "/v1/completions", {"model": "fast", "prompt": "x"}, token)[0] == 404
     assert post(base, "/v1/completions", {"model": "alpha", "prompt": "x" * 3000}, token)[0] == 200
     status, body = post(base, "/v1/completions", {"model": "quick", "prompt": "x"})
     assert status == 401 and body["_headers"]["WWW-Authenticate"] == "Bearer"
     assert post(base, "/v1/completions", {"model": "quick", "prompt": "x"}, {"Authorization": "Bearer nope"})[0] == 401
-    assert post(base, "/v1/completions", {"model": "quick", "prompt": "x"}, {"Authorization": "bEaReR s3cret"})[0] == 200
+    assert (
+        post(base, "/v1/completions", {"model": "quick", "prompt": "x"}, {"Authorization": "bEaReR s3cret"})[0] == 200
+    )
     assert http_json(base + "/health")[0] == 200  # open: the daemon's probe needs no token
     assert http_json(base + "/v1/models")[0] == 401
     assert h.pids() == pids  # neither the gateway nor a worker restarted
 
 
-def test_streams_pass_through_and_a_worker_killed_mid_stream_is_an_error(harness: DaemonHarness,
-                                                                          tmp_path: Path) -> None:
+def test_streams_pass_through_and_a_worker_killed_mid_stream_is_an_error(
+    harness: DaemonHarness, tmp_path: Path
+) -> None:
     h = harness
     gateway = {"port": free_port()}
     slow = {"FAKE_STREAM_CHUNKS": "200", "FAKE_CHUNK_DELAY_S": "0.05"}
@@ -130,8 +145,13 @@ def test_streams_pass_through_and_a_worker_killed_mid_stream_is_an_error(harness
 def test_on_demand_start_is_shared_and_idle_servers_unload(harness: DaemonHarness, tmp_path: Path) -> None:
     h = harness
     gateway = {"port": free_port()}
-    lazy = fake_entry(model_dir(tmp_path, "m"), port=free_port(), start="on_demand", idle_unload_s=1.5,
-                      env={"FAKE_START_DELAY_S": "1"})
+    lazy = fake_entry(
+        model_dir(tmp_path, "m"),
+        port=free_port(),
+        start="on_demand",
+        idle_unload_s=1.5,
+        env={"FAKE_START_DELAY_S": "1"},
+    )
     h.write(gateway_yaml(gateway, {"lazy": lazy}))
     h.start()
     h.wait_states({GATEWAY: "ready", "lazy": "stopped"})
@@ -161,8 +181,7 @@ def test_on_demand_start_is_shared_and_idle_servers_unload(harness: DaemonHarnes
     assert not h.events("server_starting", server="added") and h.server(GATEWAY)["pid"] == gateway_pid
 
 
-def test_admission_unloads_the_idle_server_or_refuses_with_the_numbers(harness: DaemonHarness,
-                                                                         tmp_path: Path) -> None:
+def test_admission_unloads_the_idle_server_or_refuses_with_the_numbers(harness: DaemonHarness, tmp_path: Path) -> None:
     h = harness
     gateway = {"port": free_port(), "memory_budget": 1_500_000}
     one = fake_entry(model_dir(tmp_path, "one", weights_bytes=1_000_000), port=free_port(), start="on_demand")
@@ -188,8 +207,11 @@ def test_admission_unloads_the_idle_server_or_refuses_with_the_numbers(harness: 
     gateway_pid = h.server(GATEWAY)["pid"]
     gateway["memory_budget"] = 500_000
     _reload(h, gateway_yaml(gateway, {"one": one, "two": two}))
-    wait_until(lambda: http_json(base + "/v1/models")[1]["memory_budget_bytes"] == 500_000, 30,
-               what="the gateway sees the smaller budget")
+    wait_until(
+        lambda: http_json(base + "/v1/models")[1]["memory_budget_bytes"] == 500_000,
+        30,
+        what="the gateway sees the smaller budget",
+    )
     status, body = post(base, "/v1/completions", {"model": "one", "prompt": "x"})
     error = body["error"]
     assert status == 503 and error["code"] == "server_unavailable"
@@ -207,21 +229,26 @@ def test_client_disconnect_cancels_the_upstream_request(harness: DaemonHarness, 
     h.write(gateway_yaml(gateway, {"alpha": fake_entry(model_dir(tmp_path, "m"), port=free_port(), env=slow)}))
     h.start()
     h.wait_states({GATEWAY: "ready", "alpha": "ready"})
-    request = urllib.request.Request(f"http://127.0.0.1:{gateway['port']}/v1/completions",
-                                     data=json.dumps({"model": "alpha", "prompt": "x", "stream": True}).encode(),
-                                     headers={"Content-Type": "application/json"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{gateway['port']}/v1/completions",
+        data=json.dumps({"model": "alpha", "prompt": "x", "stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
     with urllib.request.urlopen(request, timeout=30) as response:
         assert response.readline().startswith(b"data: ")
     record = h.wait_event("gateway_request", server="alpha", timeout=30)
     assert record["status"] == 499 and record["error"] == "client disconnected"
 
 
-def test_always_servers_over_budget_are_reported_by_check_plan_and_the_daemon(harness: DaemonHarness,
-                                                                             tmp_path: Path) -> None:
+def test_always_servers_over_budget_are_reported_by_check_plan_and_the_daemon(
+    harness: DaemonHarness, tmp_path: Path
+) -> None:
     h = harness
     gateway = {"port": free_port(), "memory_budget": 1_500_000}
-    servers = {name: fake_entry(model_dir(tmp_path, name, weights_bytes=1_000_000), port=free_port())
-               for name in ("first", "second")}
+    servers = {
+        name: fake_entry(model_dir(tmp_path, name, weights_bytes=1_000_000), port=free_port())
+        for name in ("first", "second")
+    }
     h.write(gateway_yaml(gateway, servers))
     check = run_veloxd("check", str(h.config))
     assert check.returncode == 0 and "over budget from: second" in check.stderr

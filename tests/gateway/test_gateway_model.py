@@ -60,8 +60,15 @@ def test_one_endpoint_for_every_server(tmp_path: Path) -> None:
             answer = api.chat.completions.create(model=model, messages=hello, max_tokens=4)
             assert answer.model == served and answer.usage is not None and answer.usage.completion_tokens > 0
 
-        chunks = list(api.completions.create(model="beta", prompt="Once upon a time", max_tokens=12, stream=True,
-                                             stream_options={"include_usage": True}))
+        chunks = list(
+            api.completions.create(
+                model="beta",
+                prompt="Once upon a time",
+                max_tokens=12,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
         assert len([c for c in chunks if c.choices and c.choices[0].text]) > 1  # passed through chunk by chunk
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
         streamed = h.wait_event("gateway_request", server="beta", stream=True)
@@ -69,13 +76,18 @@ def test_one_endpoint_for_every_server(tmp_path: Path) -> None:
 
         listed = {m.id: m for m in api.models.list()}
         assert set(listed) == {"alpha", "beta", "lazy"}
-        assert (listed["lazy"].state, listed["lazy"].start, listed["alpha"].aliases) == ("stopped", "on_demand", ["fast"])
+        assert (listed["lazy"].state, listed["lazy"].start, listed["alpha"].aliases) == (
+            "stopped",
+            "on_demand",
+            ["fast"],
+        )
         with pytest.raises(openai.NotFoundError, match="valid models: alpha, beta, lazy"):
             api.completions.create(model="gpt-5", prompt="x", max_tokens=1)
 
         with concurrent.futures.ThreadPoolExecutor(3) as pool:
-            answers = list(pool.map(lambda i: api.completions.create(model="lazy", prompt=f"n{i}", max_tokens=3),
-                                    range(3)))
+            answers = list(
+                pool.map(lambda i: api.completions.create(model="lazy", prompt=f"n{i}", max_tokens=3), range(3))
+            )
         assert [a.model for a in answers] == ["lazy"] * 3
         assert len(h.events("server_start_requested", server="lazy")) == 1
         assert len(h.events("server_starting", server="lazy")) == 1
@@ -97,8 +109,14 @@ def test_one_endpoint_for_every_server(tmp_path: Path) -> None:
         servers["alpha"]["aliases"] = ["quick"]
         plan = reload(h, gateway_yaml(gateway, servers))["plan"]
         assert plan["updated"] == {"alpha": ["aliases"]} and not plan["changed"]
-        wait_until(lambda: "quick" in (http_json(f"http://127.0.0.1:{gateway['port']}/v1/models/quick")[1] or {})
-                   .get("aliases", []), 30, what="the new alias")
+        wait_until(
+            lambda: (
+                "quick"
+                in (http_json(f"http://127.0.0.1:{gateway['port']}/v1/models/quick")[1] or {}).get("aliases", [])
+            ),
+            30,
+            what="the new alias",
+        )
         assert api.completions.create(model="quick", prompt="x", max_tokens=2).model == "alpha"
         with pytest.raises(openai.NotFoundError):
             api.completions.create(model="fast", prompt="x", max_tokens=2)
@@ -122,14 +140,18 @@ def test_memory_admission_with_measured_needs(tmp_path: Path) -> None:
         assert api.completions.create(model="one", prompt="x", max_tokens=2).model == "one"
         base = f"http://127.0.0.1:{gateway['port']}"
         # READY measured KV bytes per token and the loaded weights: the need now counts the KV at the context limit.
-        need = wait_until(lambda: (card := models(base)["two"]) and card["need_bytes"] > 8 * 2**20 and
-                          card["need_bytes"], 30, what="the measured need")
+        need = wait_until(
+            lambda: (card := models(base)["two"]) and card["need_bytes"] > 8 * 2**20 and card["need_bytes"],
+            30,
+            what="the measured need",
+        )
         assert models(base)["one"]["need_bytes"] == need  # same model and method: one measurement
 
         gateway["memory_budget"] = need * 3 // 2
         reload(h, gateway_yaml(gateway, servers))
-        wait_until(lambda: http_json(base + "/v1/models")[1]["memory_budget_bytes"] == need * 3 // 2, 30,
-                   what="the new budget")
+        wait_until(
+            lambda: http_json(base + "/v1/models")[1]["memory_budget_bytes"] == need * 3 // 2, 30, what="the new budget"
+        )
         mark = h.mark()
         assert api.completions.create(model="two", prompt="x", max_tokens=2).model == "two"
         unloaded = events_after(h, mark, "server_unloaded", server="one")
@@ -137,8 +159,9 @@ def test_memory_admission_with_measured_needs(tmp_path: Path) -> None:
 
         gateway["memory_budget"] = need // 2
         reload(h, gateway_yaml(gateway, servers))
-        wait_until(lambda: http_json(base + "/v1/models")[1]["memory_budget_bytes"] == need // 2, 30,
-                   what="the smaller budget")
+        wait_until(
+            lambda: http_json(base + "/v1/models")[1]["memory_budget_bytes"] == need // 2, 30, what="the smaller budget"
+        )
         with pytest.raises(openai.APIStatusError) as refused:
             api.completions.create(model="one", prompt="x", max_tokens=2)
         assert refused.value.status_code == 503

@@ -109,8 +109,9 @@ def resident_bytes_of(build: Any) -> tuple[Any, int]:
     return obj, settle() - before
 
 
-def run_batched(model: Any, prompts: list[list[int]], caches: list[list[Any]], max_tokens: list[int], step: int,
-                late: int = 0) -> tuple[dict[int, list[int]], dict[int, list[mx.array]], set[type], dict[int, list[Any]]]:
+def run_batched(
+    model: Any, prompts: list[list[int]], caches: list[list[Any]], max_tokens: list[int], step: int, late: int = 0
+) -> tuple[dict[int, list[int]], dict[int, list[mx.array]], set[type], dict[int, list[Any]]]:
     """Drive mlx_lm's BatchGenerator; the last `late` prompts join after two decode steps (extend).
 
     Returns tokens and log-probs per prompt index, the cache classes seen at every decode step,

@@ -14,9 +14,17 @@ from veloxd.kv.base import VeloxCache  # noqa: E402
 
 def tiny_llama(layer_types: list[str] | None = None) -> llama.Model:
     args = llama.ModelArgs(
-        model_type="llama", hidden_size=64, num_hidden_layers=len(layer_types or [0, 0]), intermediate_size=128,
-        num_attention_heads=4, num_key_value_heads=2, head_dim=64, rms_norm_eps=1e-5, vocab_size=97,
-        layer_types=layer_types, sliding_window=8 if layer_types else None,
+        model_type="llama",
+        hidden_size=64,
+        num_hidden_layers=len(layer_types or [0, 0]),
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        vocab_size=97,
+        layer_types=layer_types,
+        sliding_window=8 if layer_types else None,
     )
     return llama.Model(args)
 

@@ -110,9 +110,24 @@ def test_lifeline_eof_makes_the_worker_exit(tiny_model):
     import sys
 
     proc = subprocess.Popen(
-        [sys.executable, "-m", "veloxd", "serve", "--model", str(tiny_model), "--method", "fp16",
-         "--port", str(free_port()), "--lifeline-fd", str(read_fd)],
-        pass_fds=(read_fd,), stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "veloxd",
+            "serve",
+            "--model",
+            str(tiny_model),
+            "--method",
+            "fp16",
+            "--port",
+            str(free_port()),
+            "--lifeline-fd",
+            str(read_fd),
+        ],
+        pass_fds=(read_fd,),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     os.close(read_fd)
     assert proc.stdout.readline().startswith("VELOXD_READY ")
@@ -123,8 +138,17 @@ def test_lifeline_eof_makes_the_worker_exit(tiny_model):
 
 def test_bearer_auth_guards_everything_but_health(tiny_model):
     env = {"VELOXD_TEST_KEY": "s3cret-token"}
-    worker = Worker("--model", str(tiny_model), "--method", "fp16", "--port", str(free_port()),
-                    "--api-key-env", "VELOXD_TEST_KEY", env=env)
+    worker = Worker(
+        "--model",
+        str(tiny_model),
+        "--method",
+        "fp16",
+        "--port",
+        str(free_port()),
+        "--api-key-env",
+        "VELOXD_TEST_KEY",
+        env=env,
+    )
     try:
         endpoints = worker.ready()["endpoints"]
         assert worker.ready()["auth"] is True

@@ -18,7 +18,10 @@ from tests.support import run_reporting_imports, run_veloxd
         (["--method", "kivi", "--set", "bits=2"], "--set bits=...: use the --bits flag instead"),
         (["--method", "kivi", "--set", "seed=1"], "use the --seed flag instead"),
         (["--method", "kivi", "--set", "kivi_group_size=abc"], "kivi_group_size must be int, not 'abc'"),
-        (["--method", "kivi", "--set", "kivi_group_size=48"], "kivi_group_size=48 for method kivi: choose one of [32, 64, 128]"),
+        (
+            ["--method", "kivi", "--set", "kivi_group_size=48"],
+            "kivi_group_size=48 for method kivi: choose one of [32, 64, 128]",
+        ),
         (["--method", "kivi", "--set", "kivi_residual_length=100"], "must be a multiple of kivi_group_size=32"),
         (["--method", "kivi", "--bits", "3"], "bits=3 is not valid for method kivi; choose one of [2, 4]"),
         (["--method", "fp16", "--bits", "4"], "method fp16 has no bit width"),
@@ -26,14 +29,26 @@ from tests.support import run_reporting_imports, run_veloxd
         (["--method", "kivi", "--set", "nonsense"], "expected FIELD=VALUE"),
         (["--method", "affine", "--top-p", "1.5"], "--top-p 1.5: must be between 0 and 1"),
         (["--method", "affine", "--port", "70000"], "--port 70000: must be between 1 and 65535"),
-        (["--method", "affine", "--api-key-env", "VELOXD_TEST_UNSET_KEY"], "VELOXD_TEST_UNSET_KEY: that environment variable is not set"),
-        (["--method", "affine", "--prompt-cache-bytes", "lots"], "--prompt-cache-bytes 'lots': expected an integer number of bytes or a string like '512M' or '2G'"),
+        (
+            ["--method", "affine", "--api-key-env", "VELOXD_TEST_UNSET_KEY"],
+            "VELOXD_TEST_UNSET_KEY: that environment variable is not set",
+        ),
+        (
+            ["--method", "affine", "--prompt-cache-bytes", "lots"],
+            "--prompt-cache-bytes 'lots': expected an integer number of bytes or a string like '512M' or '2G'",
+        ),
         (["--max-body-bytes", "0"], "--max-body-bytes '0': expected"),
         (["--limit-max-prompt-tokens", "0"], "--limit-max-prompt-tokens 0: must be >= 1"),
         (["--request-body-timeout", "0"], "--request-body-timeout 0.0: must be > 0 seconds"),
         (["--host", "bad host!"], "--host 'bad host!' is not a host name or IP address"),
-        (["--kv-json", '{"method": "kivi", "kivi_group_size": 48}'], "--kv-json: kivi_group_size: kivi_group_size=48 for method kivi"),
-        (["--kv-json", '{"method": "kivi", "kivi_group_sise": 64}'], "--kv-json: kivi_group_sise: unknown field 'kivi_group_sise'; did you mean 'kivi_group_size'?"),
+        (
+            ["--kv-json", '{"method": "kivi", "kivi_group_size": 48}'],
+            "--kv-json: kivi_group_size: kivi_group_size=48 for method kivi",
+        ),
+        (
+            ["--kv-json", '{"method": "kivi", "kivi_group_sise": 64}'],
+            "--kv-json: kivi_group_sise: unknown field 'kivi_group_sise'; did you mean 'kivi_group_size'?",
+        ),
         (["--kv-json", '{"method": "kivi"}', "--bits", "2"], "--kv-json holds every KV setting: drop --bits"),
         (["--kv-json", "[1, 2]"], "--kv-json: expected a JSON object of KV-cache settings, not list"),
         (["--kv-json", "{method: kivi}"], "--kv-json: not JSON"),
@@ -73,8 +88,9 @@ def test_port_in_use_exits_2_naming_the_port(tiny_model):
 
 def test_invalid_flags_are_refused_before_mlx_is_imported(tiny_model):
     """Rejection needs no model and no MLX: the worker exits 2 having imported neither."""
-    done, heavy = run_reporting_imports("serve", "--model", str(tiny_model), "--method", "kivi",
-                                        "--set", "kivi_group_size=48")
+    done, heavy = run_reporting_imports(
+        "serve", "--model", str(tiny_model), "--method", "kivi", "--set", "kivi_group_size=48"
+    )
     assert done.returncode == 2 and "kivi_group_size" in done.stderr, done.stderr
     assert heavy == [], f"refusing bad flags imported {heavy}"
 

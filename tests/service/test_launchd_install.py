@@ -23,7 +23,11 @@ def h(tmp_path: Path) -> LaunchdHarness:
 def test_fresh_install_bootstraps_and_reinstall_unchanged_kickstarts(h: LaunchdHarness) -> None:
     done = h.install()
     assert done.returncode == 0, done.stderr
-    assert h.calls() == [f"launchctl print {TARGET}", f"launchctl enable {TARGET}", f"launchctl bootstrap {DOMAIN} {h.plist}"]
+    assert h.calls() == [
+        f"launchctl print {TARGET}",
+        f"launchctl enable {TARGET}",
+        f"launchctl bootstrap {DOMAIN} {h.plist}",
+    ]
     assert done.stdout == f"installed {LABEL}: wrote {h.plist}, bootstrapped {LABEL}.plist into {DOMAIN}\n"
     assert h.loaded_plist()["Label"] == LABEL
     assert h.is_marked("loaded", LABEL)
@@ -67,7 +71,11 @@ def test_plist_on_disk_but_not_loaded_is_bootstrapped_without_bootout(h: Launchd
     (h.state / "loaded" / LABEL).unlink()  # e.g. after a logout/login with the agent toggled off
     done = h.install()
     assert done.returncode == 0, done.stderr
-    assert h.calls() == [f"launchctl print {TARGET}", f"launchctl enable {TARGET}", f"launchctl bootstrap {DOMAIN} {h.plist}"]
+    assert h.calls() == [
+        f"launchctl print {TARGET}",
+        f"launchctl enable {TARGET}",
+        f"launchctl bootstrap {DOMAIN} {h.plist}",
+    ]
     assert done.stdout == f"installed {LABEL}: bootstrapped {LABEL}.plist into {DOMAIN}\n"
 
 

@@ -56,11 +56,20 @@ def test_every_key_and_value(installed: tuple[LaunchdHarness, dict, subprocess.C
     assert env["PYTHONUNBUFFERED"] == "1"
     assert env["HF_HOME"] == str(h.root / "hf-cache")
     assert env["HF_HUB_CACHE"] == str(h.home / "hub")  # `~` expanded against HOME, never left in
-    assert env["PATH"].split(":") == [str(Path(args[0]).parent), "/usr/bin", "/bin", "/usr/sbin", "/sbin", "/opt/homebrew/bin"]
+    assert env["PATH"].split(":") == [
+        str(Path(args[0]).parent),
+        "/usr/bin",
+        "/bin",
+        "/usr/sbin",
+        "/sbin",
+        "/opt/homebrew/bin",
+    ]
     assert set(env) <= {"PATH", "HOME", "PYTHONUNBUFFERED", "HF_HOME", "HF_HUB_CACHE", "PYTHONPATH"}
 
 
-def test_default_locations_follow_veloxd_paths(installed: tuple[LaunchdHarness, dict, subprocess.CompletedProcess], monkeypatch: pytest.MonkeyPatch) -> None:
+def test_default_locations_follow_veloxd_paths(
+    installed: tuple[LaunchdHarness, dict, subprocess.CompletedProcess], monkeypatch: pytest.MonkeyPatch
+) -> None:
     h, plist, _ = installed
     monkeypatch.setenv("HOME", str(h.home))
     monkeypatch.delenv("XDG_STATE_HOME", raising=False)
@@ -87,14 +96,18 @@ def test_every_path_is_absolute_and_exists(installed: tuple[LaunchdHarness, dict
     assert "~" not in plistlib.dumps(plist).decode()
 
 
-def test_interpreter_is_the_venv_one_not_the_base(installed: tuple[LaunchdHarness, dict, subprocess.CompletedProcess]) -> None:
+def test_interpreter_is_the_venv_one_not_the_base(
+    installed: tuple[LaunchdHarness, dict, subprocess.CompletedProcess],
+) -> None:
     _, plist, _ = installed
     python = plist["ProgramArguments"][0]
     assert python == os.path.abspath(sys.executable)
     assert python.startswith(sys.prefix + os.sep)  # inside the venv, where its site-packages are
 
 
-def test_the_agent_command_imports_veloxd_in_launchds_environment(installed: tuple[LaunchdHarness, dict, subprocess.CompletedProcess]) -> None:
+def test_the_agent_command_imports_veloxd_in_launchds_environment(
+    installed: tuple[LaunchdHarness, dict, subprocess.CompletedProcess],
+) -> None:
     """Run the plist's own interpreter with only the plist's environment, from its WorkingDirectory."""
     _, plist, _ = installed
     python = plist["ProgramArguments"][0]

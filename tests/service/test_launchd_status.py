@@ -87,7 +87,10 @@ def test_status_not_loaded_and_disabled() -> None:
     line = format_status(status)
     assert line.startswith(f"launchd: {LABEL} not loaded; DISABLED: run `launchctl enable gui/")
     assert "Allow in the Background" in line
-    assert format_status(status_from_print(NOT_FOUND, "", LABEL)) == f"launchd: {LABEL} not loaded (`veloxd install` loads it)"
+    assert (
+        format_status(status_from_print(NOT_FOUND, "", LABEL))
+        == f"launchd: {LABEL} not loaded (`veloxd install` loads it)"
+    )
     assert format_status(None) == "launchd: not available (no launchctl on PATH)"
 
 

@@ -67,7 +67,9 @@ def test_install_writes_the_unit_and_enables_it_now_then_restarts_when_active(h:
         f"systemctl --user enable {UNIT}",
         f"systemctl --user restart {UNIT}",
     ]
-    assert again.stdout == f"restarted {UNIT}: {path} unchanged, then systemctl --user daemon-reload, enable and restart\n"
+    assert (
+        again.stdout == f"restarted {UNIT}: {path} unchanged, then systemctl --user daemon-reload, enable and restart\n"
+    )
 
 
 def test_xdg_config_home_is_respected(h: LaunchdHarness) -> None:

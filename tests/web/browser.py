@@ -15,16 +15,26 @@ from typing import Any
 import pytest
 
 CHROMIUM = Path(os.environ.get("VELOXD_CHROMIUM", "/usr/bin/chromium"))
-ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-        "--disable-component-update", "--disable-sync"]
+ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 VIEWPORT = {"width": 1400, "height": 1000}
 
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
     if not CHROMIUM.exists():
-        pytest.fail(f"the dashboard's browser tests need Chromium at {CHROMIUM}: run `make browser` as root "
-                    "(apt-get install chromium) or set VELOXD_CHROMIUM", pytrace=False)
+        pytest.fail(
+            f"the dashboard's browser tests need Chromium at {CHROMIUM}: run `make browser` as root "
+            "(apt-get install chromium) or set VELOXD_CHROMIUM",
+            pytrace=False,
+        )
     try:
         from playwright.sync_api import sync_playwright
     except ImportError as err:

@@ -33,10 +33,12 @@ class Page:
     def wait_ready(self, timeout: float = 120, after: int = 0) -> dict[str, Any]:
         return self.harness.wait_event("server_ready", timeout=timeout, after=after, server=DASHBOARD)
 
-    def request(self, path: str, method: str = "GET", headers: Mapping[str, str] | None = None,
-                body: bytes | None = None) -> tuple[int, dict[str, Any] | str]:
-        request = urllib.request.Request(self.url + path.lstrip("/"), data=body, method=method,
-                                         headers=dict(headers or {}))
+    def request(
+        self, path: str, method: str = "GET", headers: Mapping[str, str] | None = None, body: bytes | None = None
+    ) -> tuple[int, dict[str, Any] | str]:
+        request = urllib.request.Request(
+            self.url + path.lstrip("/"), data=body, method=method, headers=dict(headers or {})
+        )
         try:
             with urllib.request.urlopen(request, timeout=30) as response:
                 status, raw = response.status, response.read()
@@ -61,12 +63,19 @@ class Page:
         """Every sample of /metrics as {(name, labels): value}, parsed by prometheus_client's parser."""
         status, text = self.request("metrics")
         assert status == 200 and isinstance(text, str), (status, text)
-        return {(s.name, frozenset(s.labels.items())): s.value
-                for family in text_string_to_metric_families(text) for s in family.samples}
+        return {
+            (s.name, frozenset(s.labels.items())): s.value
+            for family in text_string_to_metric_families(text)
+            for s in family.samples
+        }
 
     def value(self, name: str, **labels: str) -> float | None:
         return self.metrics().get((name, frozenset(labels.items())))
 
     def wait_value(self, name: str, expected: float, timeout: float = 60, **labels: str) -> None:
-        wait_until(lambda: self.value(name, **labels) == expected, timeout, interval=0.2,
-                   what=f"{name}{labels} == {expected} (last: {self.value(name, **labels)})")
+        wait_until(
+            lambda: self.value(name, **labels) == expected,
+            timeout,
+            interval=0.2,
+            what=f"{name}{labels} == {expected} (last: {self.value(name, **labels)})",
+        )

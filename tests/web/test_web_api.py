@@ -20,8 +20,12 @@ def test_actions_need_the_token_and_refuse_cross_site_requests(tmp_path: Path, b
     token typed into the actions form restarts a server."""
     h = DaemonHarness(tmp_path)
     page = Page(h, free_port())
-    h.write(config_text({"alpha": entry(free_port())}, {"port": page.port, "interval_s": 0.5,
-                                                        "api_key_env": "VELOXD_TEST_DASHBOARD_TOKEN"}))
+    h.write(
+        config_text(
+            {"alpha": entry(free_port())},
+            {"port": page.port, "interval_s": 0.5, "api_key_env": "VELOXD_TEST_DASHBOARD_TOKEN"},
+        )
+    )
     try:
         h.start(env={"VELOXD_TEST_DASHBOARD_TOKEN": TOKEN})
         h.wait_states({"alpha": "ready"})
@@ -50,8 +54,9 @@ def test_actions_need_the_token_and_refuse_cross_site_requests(tmp_path: Path, b
         tab.fill("#token", TOKEN)
         tab.click("#token-form button[type=submit]")
         tab.click("tr[data-server='alpha'] button.restart")
-        tab.wait_for_function("document.querySelector(\"tr[data-server='alpha'] .restarts\").textContent === '1'",
-                              timeout=60_000)
+        tab.wait_for_function(
+            "document.querySelector(\"tr[data-server='alpha'] .restarts\").textContent === '1'", timeout=60_000
+        )
         assert tab.inner_text("#action-result") == "done"
         tab.close()
         assert h.stop() == 0

@@ -50,7 +50,10 @@ def row(tab: Any, name: str) -> Any:
 
 
 def test_page_lists_servers_follows_an_edit_and_a_killed_worker(
-        browser: Any, running: tuple[DaemonHarness, Page, dict[str, Any]], tmp_path: Path) -> None:  # noqa: F811
+    browser: Any,  # noqa: F811 - the fixture imported above
+    running: tuple[DaemonHarness, Page, dict[str, Any]],
+    tmp_path: Path,
+) -> None:
     """Rows for both servers (state, method and bits, measured KV ratio, memory); adding a server
     to veloxd.yaml adds its row; a worker killed with SIGKILL comes back with restarts 1; removing
     a server removes its row."""
@@ -64,8 +67,9 @@ def test_page_lists_servers_follows_an_edit_and_a_killed_worker(
 
     for _ in range(3):
         assert http_json(f"http://127.0.0.1:{servers['alpha']['port']}/v1/chat/completions", {"messages": []})[0] == 200
-    tab.wait_for_function("document.querySelector(\"tr[data-server='alpha'] .requests\").textContent === '3'",
-                          timeout=TIMEOUT_MS)
+    tab.wait_for_function(
+        "document.querySelector(\"tr[data-server='alpha'] .requests\").textContent === '3'", timeout=TIMEOUT_MS
+    )
 
     servers["gamma"] = entry(free_port(), method="snapkv")
     h.write(config_text(servers, {"port": page.port, "interval_s": 0.5}))
@@ -77,7 +81,8 @@ def test_page_lists_servers_follows_an_edit_and_a_killed_worker(
     tab.wait_for_function(
         "(() => { const r = document.querySelector(\"tr[data-server='alpha']\");"
         " return r && r.dataset.state === 'ready' && r.querySelector('.restarts').textContent === '1'; })()",
-        timeout=TIMEOUT_MS)
+        timeout=TIMEOUT_MS,
+    )
     assert str(pid) not in alpha.inner_text() and str(h.server("alpha")["pid"]) in alpha.inner_text()
 
     del servers["gamma"]  # removed from the file: its row goes
@@ -91,8 +96,7 @@ def test_page_lists_servers_follows_an_edit_and_a_killed_worker(
     tab.close()
 
 
-def test_log_tail_filters_by_text_and_server(
-        browser: Any, running: tuple[DaemonHarness, Page, dict[str, Any]]) -> None:  # noqa: F811
+def test_log_tail_filters_by_text_and_server(browser: Any, running: tuple[DaemonHarness, Page, dict[str, Any]]) -> None:  # noqa: F811
     """The tail shows both servers' events; a filter keeps only matching lines, live ones too;
     choosing a server keeps only its lines."""
     h, page, _ = running
@@ -103,19 +107,25 @@ def test_log_tail_filters_by_text_and_server(
     assert any("server_ready" in line for line in everything) and any("beta" in line for line in everything)
 
     tab.fill("#log-filter", "fake worker: loading")
-    tab.wait_for_function("[...document.querySelectorAll('#log-lines li')].every("
-                          "li => li.textContent.includes('fake worker: loading'))", timeout=TIMEOUT_MS)
+    tab.wait_for_function(
+        "[...document.querySelectorAll('#log-lines li')].every(li => li.textContent.includes('fake worker: loading'))",
+        timeout=TIMEOUT_MS,
+    )
     assert lines.count() >= 2  # one per server (and the dashboard's own events are filtered out)
 
     tab.select_option("#log-server", "beta")
-    tab.wait_for_function("[...document.querySelectorAll('#log-lines li')].every(li => li.dataset.server === 'beta')",
-                          timeout=TIMEOUT_MS)
+    tab.wait_for_function(
+        "[...document.querySelectorAll('#log-lines li')].every(li => li.dataset.server === 'beta')", timeout=TIMEOUT_MS
+    )
     assert lines.count() >= 1 and all("loading" in text for text in lines.all_inner_texts())
 
     tab.fill("#log-filter", "")
     h.cli("restart", "beta")  # new events arrive live and respect the chosen server
-    tab.wait_for_function("[...document.querySelectorAll('#log-lines li')].some("
-                          "li => li.textContent.includes('server_restart_requested'))", timeout=TIMEOUT_MS)
+    tab.wait_for_function(
+        "[...document.querySelectorAll('#log-lines li')].some("
+        "li => li.textContent.includes('server_restart_requested'))",
+        timeout=TIMEOUT_MS,
+    )
     assert {li for li in tab.eval_on_selector_all("#log-lines li", "ls => ls.map(l => l.dataset.server)")} == {"beta"}
     assert tab.evaluate("window.veloxdTestMarker") == "not reloaded"
     tab.close()
@@ -134,18 +144,34 @@ def test_dashboard_with_real_workers(browser: Any, tmp_path: Path) -> None:  # n
     h = DaemonHarness(tmp_path, real_worker=True)
     page = Page(h, free_port())
     servers = {
-        "coder": entry(free_port(), model=model, method="kivi", bits=2, ready_timeout_s=300,
-                       overrides={"kivi_residual_length": 32}, description="KIVI 2-bit keys and values"),
-        "chat": entry(free_port(), model=model, method="affine", bits=4, ready_timeout_s=300,
-                      description="affine 4-bit, per-token groups"),
+        "coder": entry(
+            free_port(),
+            model=model,
+            method="kivi",
+            bits=2,
+            ready_timeout_s=300,
+            overrides={"kivi_residual_length": 32},
+            description="KIVI 2-bit keys and values",
+        ),
+        "chat": entry(
+            free_port(),
+            model=model,
+            method="affine",
+            bits=4,
+            ready_timeout_s=300,
+            description="affine 4-bit, per-token groups",
+        ),
     }
     h.write(config_text(servers, {"port": page.port, "interval_s": 1.0}))
     done = threading.Event()
 
     def load(port: int) -> None:
         while not done.is_set():
-            http_json(f"http://127.0.0.1:{port}/v1/chat/completions",
-                      {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 48}, timeout=120)
+            http_json(
+                f"http://127.0.0.1:{port}/v1/chat/completions",
+                {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 48},
+                timeout=120,
+            )
 
     try:
         h.start()
@@ -156,8 +182,9 @@ def test_dashboard_with_real_workers(browser: Any, tmp_path: Path) -> None:  # n
         workers = [threading.Thread(target=load, args=(s["port"],), daemon=True) for s in servers.values()]
         for worker in workers:
             worker.start()
-        tab.wait_for_function("[...document.querySelectorAll('td.tps')].every(td => parseFloat(td.textContent) > 0)",
-                              timeout=120_000)
+        tab.wait_for_function(
+            "[...document.querySelectorAll('td.tps')].every(td => parseFloat(td.textContent) > 0)", timeout=120_000
+        )
         tab.wait_for_timeout(15_000)  # some chart history
         for name in servers:  # measured at start: compressed caches hold fewer bytes than fp16
             assert float(row(tab, name).locator(".kv").inner_text().rstrip("%")) < 100

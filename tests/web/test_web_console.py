@@ -27,11 +27,27 @@ class Terminal:
 
     def __init__(self, h: DaemonHarness, *extra: str, env: dict[str, str] | None = None) -> None:
         self.master, slave = pty.openpty()
-        argv = veloxd_cmd("run", "--config", str(h.config), "--log-file", str(h.log_file), "--state-dir",
-                          str(h.state_dir), "--worker-command", f"{sys.executable} {FAKE_WORKER}", *extra)
+        argv = veloxd_cmd(
+            "run",
+            "--config",
+            str(h.config),
+            "--log-file",
+            str(h.log_file),
+            "--state-dir",
+            str(h.state_dir),
+            "--worker-command",
+            f"{sys.executable} {FAKE_WORKER}",
+            *extra,
+        )
         environ = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "TERM")}
-        self.proc = subprocess.Popen(argv, cwd=REPO, stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
-                                     env={**environ, "TERM": "xterm-256color", **(env or {})})
+        self.proc = subprocess.Popen(
+            argv,
+            cwd=REPO,
+            stdin=subprocess.DEVNULL,
+            stdout=slave,
+            stderr=slave,
+            env={**environ, "TERM": "xterm-256color", **(env or {})},
+        )
         os.close(slave)
         self.buffer = b""
         self.closed = False
@@ -48,8 +64,12 @@ class Terminal:
         return self.buffer.decode("utf-8", "replace").replace("\r\n", "\n")
 
     def wait_for(self, text: str, timeout: float = 60) -> str:
-        return wait_until(lambda: self.read() if text in ANSI.sub("", self.read()) else None, timeout,
-                          interval=0.1, what=f"{text!r} on the terminal")
+        return wait_until(
+            lambda: self.read() if text in ANSI.sub("", self.read()) else None,
+            timeout,
+            interval=0.1,
+            what=f"{text!r} on the terminal",
+        )
 
     def stop(self) -> int:
         if self.proc.poll() is None:
@@ -130,11 +150,22 @@ def test_no_terminal_means_no_stdout_and_logs_pretty_renders_the_file(tmp_path: 
     finally:
         h.cleanup()
     assert h.output.read_text() == ""
-    pretty = subprocess.run(veloxd_cmd("logs", "--pretty", "--log-file", str(h.log_file)), capture_output=True,
-                            text=True, timeout=60, cwd=REPO, env={**os.environ, "NO_COLOR": "1"})
+    pretty = subprocess.run(
+        veloxd_cmd("logs", "--pretty", "--log-file", str(h.log_file)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**os.environ, "NO_COLOR": "1"},
+    )
     lines = pretty.stdout.splitlines()
     assert pretty.returncode == 0 and len(lines) == len(h.records())
     assert all(re.match(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d \[", line) for line in lines), lines
-    only_beta = subprocess.run(veloxd_cmd("logs", "--pretty", "--server", "beta", "--log-file", str(h.log_file)),
-                               capture_output=True, text=True, timeout=60, cwd=REPO)
+    only_beta = subprocess.run(
+        veloxd_cmd("logs", "--pretty", "--server", "beta", "--log-file", str(h.log_file)),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+    )
     assert only_beta.stdout and all("server=beta" in line for line in only_beta.stdout.splitlines())

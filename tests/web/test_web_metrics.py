@@ -29,8 +29,11 @@ def test_metrics_count_requests_and_restarts(tmp_path: Path) -> None:
     h = DaemonHarness(tmp_path)
     ports = {"alpha": free_port(), "beta": free_port()}
     page = Page(h, free_port())
-    servers = {"alpha": entry(ports["alpha"]), "beta": entry(ports["beta"], method="kivi", bits=2),
-               "broken": entry(free_port(), env={"FAKE_EXIT_CODE": "3"})}
+    servers = {
+        "alpha": entry(ports["alpha"]),
+        "beta": entry(ports["beta"], method="kivi", bits=2),
+        "broken": entry(free_port(), env={"FAKE_EXIT_CODE": "3"}),
+    }
     h.write(config_text(servers, {"port": page.port, "interval_s": 0.5}))
     try:
         h.start()
@@ -77,8 +80,11 @@ def test_metrics_count_requests_and_restarts(tmp_path: Path) -> None:
         page.wait_value("veloxd_server_state", 1, server="alpha", state="ready")
         assert h.server("alpha")["pid"] != pid
         # A new worker process counts from zero (Prometheus' rate() treats it as a counter reset).
-        wait_until(lambda: page.value("veloxd_generated_tokens_total", server="alpha") == 0, 60,
-                   what="the new worker's counters")
+        wait_until(
+            lambda: page.value("veloxd_generated_tokens_total", server="alpha") == 0,
+            60,
+            what="the new worker's counters",
+        )
         assert page.value("veloxd_server_restarts_total", server="beta") == 0
         assert h.stop() == 0
     finally:
@@ -95,8 +101,12 @@ def test_metrics_of_a_real_worker(tmp_path: Path) -> None:
     h = DaemonHarness(tmp_path, real_worker=True)
     port = free_port()
     page = Page(h, free_port())
-    h.write(config_text({"tiny": entry(port, model=str(model), method="kivi", bits=4, ready_timeout_s=300)},
-                        {"port": page.port, "interval_s": 0.5}))
+    h.write(
+        config_text(
+            {"tiny": entry(port, model=str(model), method="kivi", bits=4, ready_timeout_s=300)},
+            {"port": page.port, "interval_s": 0.5},
+        )
+    )
     try:
         h.start()
         h.wait_states({"tiny": "ready"}, timeout=300)
@@ -104,16 +114,27 @@ def test_metrics_of_a_real_worker(tmp_path: Path) -> None:
         url = f"http://127.0.0.1:{port}/v1/chat/completions"
         generated = 0
         for i in range(3):
-            status, body = http_json(url, {"messages": [{"role": "user", "content": f"count to {i}"}],
-                                           "max_tokens": 6}, timeout=120)
+            status, body = http_json(
+                url, {"messages": [{"role": "user", "content": f"count to {i}"}], "max_tokens": 6}, timeout=120
+            )
             assert status == 200, body
             generated += body["usage"]["completion_tokens"]
-        streamed = urllib.request.Request(url, data=json.dumps({
-            "messages": [{"role": "user", "content": "stream"}], "max_tokens": 5, "stream": True,
-            "stream_options": {"include_usage": True}}).encode(), headers={"Content-Type": "application/json"})
+        streamed = urllib.request.Request(
+            url,
+            data=json.dumps(
+                {
+                    "messages": [{"role": "user", "content": "stream"}],
+                    "max_tokens": 5,
+                    "stream": True,
+                    "stream_options": {"include_usage": True},
+                }
+            ).encode(),
+            headers={"Content-Type": "application/json"},
+        )
         with urllib.request.urlopen(streamed, timeout=120) as response:
-            events = [json.loads(line[6:]) for line in response.read().decode().splitlines()
-                      if line.startswith("data: {")]
+            events = [
+                json.loads(line[6:]) for line in response.read().decode().splitlines() if line.startswith("data: {")
+            ]
         generated += next(e["usage"]["completion_tokens"] for e in events if e.get("usage"))
         page.wait_value("veloxd_requests_total", 4, server="tiny", status="200", timeout=60)
         metrics = page.metrics()

@@ -18,10 +18,22 @@ class FakeClock:
 
 
 READY_EVENT = {
-    "server": "coder", "pid": 7, "from_state": "starting", "state": "ready", "startup_s": 3.2,
-    "ready": {"method": "kivi", "bits": 2, "kv_bytes_per_token": {"method": 96.0, "fp16": 512.0, "ratio": 0.1875},
-              "endpoints": {"openai_base_url": "http://127.0.0.1:8081/v1"}, "config": {"kivi_group_size": 32}},
-    "event": "server_ready", "level": "info", "logger": "veloxd.server", "timestamp": "2026-11-30T08:00:00.5Z",
+    "server": "coder",
+    "pid": 7,
+    "from_state": "starting",
+    "state": "ready",
+    "startup_s": 3.2,
+    "ready": {
+        "method": "kivi",
+        "bits": 2,
+        "kv_bytes_per_token": {"method": 96.0, "fp16": 512.0, "ratio": 0.1875},
+        "endpoints": {"openai_base_url": "http://127.0.0.1:8081/v1"},
+        "config": {"kivi_group_size": 32},
+    },
+    "event": "server_ready",
+    "level": "info",
+    "logger": "veloxd.server",
+    "timestamp": "2026-11-30T08:00:00.5Z",
 }
 
 
@@ -30,18 +42,32 @@ def test_compact_summarises_bulky_values_and_keeps_the_few_keys() -> None:
     assert list(short)[:4] == ["timestamp", "level", "event", "server"]
     assert short["kv_ratio"] == 0.1875 and short["bits"] == 2 and short["url"] == "http://127.0.0.1:8081/v1"
     assert "ready" not in short and "from_state" not in short and "logger" not in short
-    assert summary_text(READY_EVENT) == "pid=7 startup_s=3.2 method=kivi bits=2 kv_ratio=0.1875 url=http://127.0.0.1:8081/v1"
+    assert (
+        summary_text(READY_EVENT)
+        == "pid=7 startup_s=3.2 method=kivi bits=2 kv_ratio=0.1875 url=http://127.0.0.1:8081/v1"
+    )
 
 
 def test_errors_and_a_crashed_workers_stderr_go_below_the_line() -> None:
-    failed = {"event": "config_reload_failed", "level": "error", "timestamp": "2026-11-30T08:00:00Z",
-              "errors": [{"line": 3}], "error_lines": ["veloxd.yaml:3:5: unknown method 'kivy'"]}
+    failed = {
+        "event": "config_reload_failed",
+        "level": "error",
+        "timestamp": "2026-11-30T08:00:00Z",
+        "errors": [{"line": 3}],
+        "error_lines": ["veloxd.yaml:3:5: unknown method 'kivy'"],
+    }
     text = ConsoleProcessor(colors=False).render(failed)
     first, second = text.splitlines()
     assert "config_reload_failed" in first and "errors" not in first
     assert second == "    veloxd.yaml:3:5: unknown method 'kivy'"
-    exited = {"event": "server_exited", "level": "warning", "server": "a", "expected": False, "code": 3,
-              "last_lines": {"stdout": ["noise"], "stderr": ["Traceback", "ValueError: boom"]}}
+    exited = {
+        "event": "server_exited",
+        "level": "warning",
+        "server": "a",
+        "expected": False,
+        "code": 3,
+        "last_lines": {"stdout": ["noise"], "stderr": ["Traceback", "ValueError: boom"]},
+    }
     assert ConsoleProcessor(colors=False).render(exited).splitlines()[1:] == ["    Traceback", "    ValueError: boom"]
     stopped = {**exited, "expected": True}
     assert len(ConsoleProcessor(colors=False).render(stopped).splitlines()) == 1
@@ -51,8 +77,10 @@ def test_output_lines_are_shown_raw_and_the_ready_json_cut_short() -> None:
     line = "VELOXD_READY " + "{" + '"x": 1, ' * 40 + "}"
     shown = compact({"event": "server_output", "server": "a", "line": line, "stream": "stdout", "pid": 1})
     assert shown["line"].endswith(" …") and len(shown["line"]) < 70 and "pid" not in shown
-    rendered = pretty_line('{"event": "server_output", "server": "a", "line": "INFO: loading", "level": "info"}',
-                           ConsoleProcessor(colors=False))
+    rendered = pretty_line(
+        '{"event": "server_output", "server": "a", "line": "INFO: loading", "level": "info"}',
+        ConsoleProcessor(colors=False),
+    )
     assert rendered.endswith("server=a INFO: loading")
     assert pretty_line("not json", ConsoleProcessor(colors=False)) == "not json"
 

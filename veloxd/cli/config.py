@@ -16,32 +16,45 @@ _DEFAULT = "default: $VELOXD_CONFIG, else ~/.config/veloxd/veloxd.yaml"
 
 
 def register(sub: Any) -> None:
-    check = sub.add_parser("check", help="validate a config file (exit 0 valid, 1 invalid, 2 unreadable)",
-                           description="Validate a veloxd.yaml. Errors go to stderr, one per line, as "
-                           "FILE:LINE:COL: message (at $.json.path). Conditions of the world that make an entry "
-                           "wait in the daemon (a model path that does not exist yet, an unset api_key_env "
-                           "variable) are warnings, in the same form. Exit 0 valid (warnings or not; 1 with "
-                           "--strict when there are warnings), 1 invalid, 2 unreadable.")
+    check = sub.add_parser(
+        "check",
+        help="validate a config file (exit 0 valid, 1 invalid, 2 unreadable)",
+        description="Validate a veloxd.yaml. Errors go to stderr, one per line, as "
+        "FILE:LINE:COL: message (at $.json.path). Conditions of the world that make an entry "
+        "wait in the daemon (a model path that does not exist yet, an unset api_key_env "
+        "variable) are warnings, in the same form. Exit 0 valid (warnings or not; 1 with "
+        "--strict when there are warnings), 1 invalid, 2 unreadable.",
+    )
     check.add_argument("file", nargs="?", metavar="FILE", help=f"config file ({_DEFAULT})")
     check.add_argument("--json", action="store_true", help="print {valid, errors: [...], warnings: [...]} on stdout")
     check.add_argument("--strict", action="store_true", help="exit 1 when there are warnings too")
-    check.add_argument("--effective", action="store_true",
-                       help="when valid, print the config as the daemon sees it: defaults filled in, paths resolved")
+    check.add_argument(
+        "--effective",
+        action="store_true",
+        help="when valid, print the config as the daemon sees it: defaults filled in, paths resolved",
+    )
     check.set_defaults(func=run_check)
 
-    schema = sub.add_parser("schema", help="print the JSON Schema of veloxd.yaml",
-                            description="Print the JSON Schema (draft-07) generated from the KV-cache settings "
-                            "and the method registry; schemas/veloxd.schema.json holds the same text.")
+    schema = sub.add_parser(
+        "schema",
+        help="print the JSON Schema of veloxd.yaml",
+        description="Print the JSON Schema (draft-07) generated from the KV-cache settings "
+        "and the method registry; schemas/veloxd.schema.json holds the same text.",
+    )
     schema.add_argument("--docs", action="store_true", help="print the Markdown reference tables instead")
     schema.set_defaults(func=run_schema)
 
-    plan = sub.add_parser("plan", help="show what applying a config would change in the running daemon",
-                          description="Compare FILE with the config the running daemon applied (from its "
-                          "state file; without a running daemon, with an empty state) and list the servers to "
-                          "start, restart, update in place, stop or keep. Changes nothing.")
+    plan = sub.add_parser(
+        "plan",
+        help="show what applying a config would change in the running daemon",
+        description="Compare FILE with the config the running daemon applied (from its "
+        "state file; without a running daemon, with an empty state) and list the servers to "
+        "start, restart, update in place, stop or keep. Changes nothing.",
+    )
     plan.add_argument("file", nargs="?", metavar="FILE", help=f"config file ({_DEFAULT})")
-    plan.add_argument("--state-dir", type=Path, metavar="DIR",
-                      help=f"daemon state directory (default: {default_state_dir()})")
+    plan.add_argument(
+        "--state-dir", type=Path, metavar="DIR", help=f"daemon state directory (default: {default_state_dir()})"
+    )
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(func=run_plan)
 
@@ -55,8 +68,9 @@ def run_check(args: argparse.Namespace) -> int:
     warnings = [_warning_line(w) for w in result.warnings]
     warnings += _not_downloaded(path, result.config) if result.config is not None else []
     if args.json:
-        print(json.dumps({"valid": valid, "errors": [i.to_dict() for i in result.issues], "warnings": warnings},
-                         indent=2))
+        print(
+            json.dumps({"valid": valid, "errors": [i.to_dict() for i in result.issues], "warnings": warnings}, indent=2)
+        )
     elif result.config is not None and args.effective:
         from veloxd.config.dump import dump_yaml
         from veloxd.config.model import config_to_dict
@@ -81,8 +95,10 @@ def run_check(args: argparse.Namespace) -> int:
 
 def _warning_line(issue: Any) -> str:
     """A condition of the world (veloxd.config.world), located like an error but only a warning."""
-    return (f"{issue.file}:{issue.line}:{issue.column}: warning: {issue.message}; the daemon keeps this server "
-            f"waiting until that changes (at {issue.path})")
+    return (
+        f"{issue.file}:{issue.line}:{issue.column}: warning: {issue.message}; the daemon keeps this server "
+        f"waiting until that changes (at {issue.path})"
+    )
 
 
 def _not_downloaded(path: str, config: Any) -> list[str]:
@@ -94,9 +110,11 @@ def _not_downloaded(path: str, config: Any) -> list[str]:
     for name, entry in config.servers.items():
         env = worker_env(entry.env)
         if is_hub_model(entry.model) and local_snapshot(entry.model, env) is None:
-            out.append(f"{path}: warning: server {name}: model {entry.model} is not downloaded yet (cache "
-                       f"{hub_cache_dir(env)}); the daemon fetches it before the first start, or run "
-                       f"`veloxd pull {name}` now")
+            out.append(
+                f"{path}: warning: server {name}: model {entry.model} is not downloaded yet (cache "
+                f"{hub_cache_dir(env)}); the daemon fetches it before the first start, or run "
+                f"`veloxd pull {name}` now"
+            )
     return out
 
 
@@ -231,9 +249,12 @@ def _warn_memory(config: Any) -> None:
     over = table["always_over_budget"]
     if over:
         need = sum(r["total"] or 0 for r in table["servers"].values() if r["start"] == "always")
-        print(f"warning: the servers with start: always need {gib(need)} together, more than the memory budget "
-              f"{gib(table['budget'])} ({table['budget_source']}); over budget from: {', '.join(over)}. "
-              "`veloxd plan` shows the memory table.", file=sys.stderr)
+        print(
+            f"warning: the servers with start: always need {gib(need)} together, more than the memory budget "
+            f"{gib(table['budget'])} ({table['budget_source']}); over budget from: {', '.join(over)}. "
+            "`veloxd plan` shows the memory table.",
+            file=sys.stderr,
+        )
 
 
 def _servers_line(config: Any) -> str:

@@ -38,8 +38,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         "is set), json (the log file's lines), auto (console on a terminal, nothing otherwise; default). "
         "The log file is always JSON",
     )
-    p.add_argument("--log-level", choices=("debug", "info", "warning"), default="info",
-                   help="lowest level logged, to the file and stdout (default info; debug adds each worker's argv)")
+    p.add_argument(
+        "--log-level",
+        choices=("debug", "info", "warning"),
+        default="info",
+        help="lowest level logged, to the file and stdout (default info; debug adds each worker's argv)",
+    )
     _state_dir_arg(p)
     p.add_argument(
         "--worker-command",
@@ -75,8 +79,11 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
     p.add_argument("--lines", "-n", type=int, metavar="N", help="only the last N matching lines")
     p.add_argument("--log-file", type=Path, help="log file (default: the running daemon's, else the default)")
-    p.add_argument("--pretty", action="store_true",
-                   help="render each event as `veloxd run` does on a terminal (colors unless NO_COLOR is set)")
+    p.add_argument(
+        "--pretty",
+        action="store_true",
+        help="render each event as `veloxd run` does on a terminal (colors unless NO_COLOR is set)",
+    )
     _state_dir_arg(p)
     p.set_defaults(func=logs)
 
@@ -159,8 +166,9 @@ def reload(args: argparse.Namespace) -> int:
         for line in answer["errors"]:
             print(line, file=sys.stderr)
         if answer.get("kept_config_sha256"):
-            print("veloxd reload: the config is invalid; every server keeps running on the last good one",
-                  file=sys.stderr)
+            print(
+                "veloxd reload: the config is invalid; every server keeps running on the last good one", file=sys.stderr
+            )
         else:
             print("veloxd reload: the config is invalid, and none was valid before: no server runs", file=sys.stderr)
         return 1

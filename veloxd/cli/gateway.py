@@ -6,8 +6,11 @@ import argparse
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("gateway", description="The gateway process; the daemon starts it for a config with a "
-                       "`gateway:` block (docs/gateway.md). Not meant to be run by hand.")
+    p = sub.add_parser(
+        "gateway",
+        description="The gateway process; the daemon starts it for a config with a "
+        "`gateway:` block (docs/gateway.md). Not meant to be run by hand.",
+    )
     p.add_argument("--host", required=True)
     p.add_argument("--port", type=int, required=True)
     p.add_argument("--lifeline-fd", type=int, help=argparse.SUPPRESS)

@@ -45,7 +45,9 @@ def run(args: argparse.Namespace) -> int:
             bits += f" ({info.default_bits})"
         fields = ", ".join(n for n in fields_for(info.name) if n != "bits") or "-"  # bits: own column
         batch = "yes" if info.batchable else "no"
-        print(f"{info.name:<16} {info.family:<13} {info.storage:<8} {bits:<14} {batch:<10} {info.trimmable:<15} {fields}")
+        print(
+            f"{info.name:<16} {info.family:<13} {info.storage:<8} {bits:<14} {batch:<10} {info.trimmable:<15} {fields}"
+        )
     print("\nstorage: packed = resident bytes really shrink; evicted = bounded token count; fp16 = baseline.")
     print("Every method listed is servable; none falls back to fp16.")
     return 0

@@ -21,18 +21,30 @@ from veloxd.paths import default_config_path
 
 def register(sub: Any) -> None:
     p = sub.add_parser(
-        "pull", help="download the models of config entries now (all by default), with progress",
+        "pull",
+        help="download the models of config entries now (all by default), with progress",
         description="Download the Hugging Face models of the named entries (all entries by default) into the "
         "Hugging Face cache, in the foreground: a progress bar on a terminal, plain lines otherwise. Only the "
         "files mlx_lm loads are fetched; an interrupted download continues where it stopped. Exit 0 when every "
         "model is complete, 2 when one cannot be fetched (not found, gated, no disk space, offline), 75 on "
-        "network trouble, 1 otherwise.")
+        "network trouble, 1 otherwise.",
+    )
     p.add_argument("names", nargs="*", metavar="NAME", help="server names (keys under `servers:`); default: all")
-    p.add_argument("--config", type=Path, help="config file (default: $VELOXD_CONFIG, else ~/.config/veloxd/veloxd.yaml)")
-    p.add_argument("--model", action="append", metavar="ID", help="a Hugging Face id to fetch instead of config "
-                   "entries (repeatable)")
-    p.add_argument("--progress-json", action="store_true", help="print machine-readable `VELOXD_DOWNLOAD {json}` "
-                   "lines on stdout instead of a progress bar (the daemon's download step)")
+    p.add_argument(
+        "--config", type=Path, help="config file (default: $VELOXD_CONFIG, else ~/.config/veloxd/veloxd.yaml)"
+    )
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="ID",
+        help="a Hugging Face id to fetch instead of config entries (repeatable)",
+    )
+    p.add_argument(
+        "--progress-json",
+        action="store_true",
+        help="print machine-readable `VELOXD_DOWNLOAD {json}` "
+        "lines on stdout instead of a progress bar (the daemon's download step)",
+    )
     p.add_argument(protocol.LIFELINE_FLAG, type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
@@ -71,8 +83,10 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, str, dict[str, str]]] 
     unknown = [n for n in args.names if n not in servers]
     if unknown:
         known = ", ".join(servers) or "none"
-        print(f"veloxd pull: error: no server named {', '.join(map(repr, unknown))} in {path} (servers: {known})",
-              file=sys.stderr)
+        print(
+            f"veloxd pull: error: no server named {', '.join(map(repr, unknown))} in {path} (servers: {known})",
+            file=sys.stderr,
+        )
         return 2
     targets: dict[tuple[str, tuple[tuple[str, str], ...]], list[str]] = {}
     for name in args.names or list(servers):
@@ -81,8 +95,7 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, str, dict[str, str]]] 
             print(f"{name}: {entry.model} is a local directory: nothing to download")
             continue
         targets.setdefault((entry.model, tuple(sorted(entry.env.items()))), []).append(name)
-    return [(f"{'+'.join(names)} ({model})", model, worker_env(dict(env)))
-            for (model, env), names in targets.items()]
+    return [(f"{'+'.join(names)} ({model})", model, worker_env(dict(env))) for (model, env), names in targets.items()]
 
 
 def _pull_here(model: str, as_json: bool) -> int:

@@ -36,23 +36,52 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--prompt-cache-size", type=int, help="prompt caches kept for prefix reuse (count)")
     p.add_argument("--prompt-cache-bytes", help="byte bound of the prompt caches, e.g. 2G (batched path only)")
     p.add_argument("--set", action="append", metavar="FIELD=VALUE", help="a KVCacheConfig field (repeatable)")
-    p.add_argument(protocol.KV_JSON_FLAG, metavar="JSON|FILE", help="every KV setting as one JSON object "
-                   "(KVCacheConfig.to_dict(), e.g. '{\"method\": \"kivi\", \"bits\": 2}') or a file holding it; "
-                   "replaces --method/--bits/--seed/--set")
-    p.add_argument("--limit-max-tokens", type=int, metavar="N", help="most tokens a request may generate; "
-                   "larger requests are capped to it (default: the model's context length)")
-    p.add_argument("--limit-max-prompt-tokens", type=int, metavar="N", help="longest prompt accepted; longer "
-                   "ones get HTTP 400 before any prefill (default: the model's context length)")
-    p.add_argument("--request-body-timeout", type=float, default=30.0, metavar="S", help="seconds a client "
-                   "has to send its request body (and each header read); slower ones get 408 (default 30)")
-    p.add_argument("--max-body-bytes", metavar="SIZE", help="largest request body, e.g. 32Mi; larger ones get "
-                   "413 (default 32Mi)")
-    p.add_argument("--api-key-env", metavar="VAR", help="require 'Authorization: Bearer $VAR' on every request but /health")
-    p.add_argument("--distributed", choices=("tensor", "pipeline"),
-                   help="serve one rank of a sharded model; run under mlx.launch (veloxd starts it for a "
-                   "`distributed:` entry): rank 0 serves HTTP, the others follow it")
-    p.add_argument("--served-name", action="append", metavar="NAME",
-                   help="another model name requests may use; responses then name it (repeatable)")
+    p.add_argument(
+        protocol.KV_JSON_FLAG,
+        metavar="JSON|FILE",
+        help="every KV setting as one JSON object "
+        '(KVCacheConfig.to_dict(), e.g. \'{"method": "kivi", "bits": 2}\') or a file holding it; '
+        "replaces --method/--bits/--seed/--set",
+    )
+    p.add_argument(
+        "--limit-max-tokens",
+        type=int,
+        metavar="N",
+        help="most tokens a request may generate; "
+        "larger requests are capped to it (default: the model's context length)",
+    )
+    p.add_argument(
+        "--limit-max-prompt-tokens",
+        type=int,
+        metavar="N",
+        help="longest prompt accepted; longer "
+        "ones get HTTP 400 before any prefill (default: the model's context length)",
+    )
+    p.add_argument(
+        "--request-body-timeout",
+        type=float,
+        default=30.0,
+        metavar="S",
+        help="seconds a client has to send its request body (and each header read); slower ones get 408 (default 30)",
+    )
+    p.add_argument(
+        "--max-body-bytes", metavar="SIZE", help="largest request body, e.g. 32Mi; larger ones get 413 (default 32Mi)"
+    )
+    p.add_argument(
+        "--api-key-env", metavar="VAR", help="require 'Authorization: Bearer $VAR' on every request but /health"
+    )
+    p.add_argument(
+        "--distributed",
+        choices=("tensor", "pipeline"),
+        help="serve one rank of a sharded model; run under mlx.launch (veloxd starts it for a "
+        "`distributed:` entry): rank 0 serves HTTP, the others follow it",
+    )
+    p.add_argument(
+        "--served-name",
+        action="append",
+        metavar="NAME",
+        help="another model name requests may use; responses then name it (repeatable)",
+    )
     p.add_argument(protocol.LIFELINE_FLAG, type=int, help=argparse.SUPPRESS)  # the daemon's pipe: EOF means it died
     p.set_defaults(func=run)
 

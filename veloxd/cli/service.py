@@ -25,10 +25,18 @@ def register(sub: argparse._SubParsersAction) -> None:
             "an unchanged agent is restarted, a changed one is replaced."
         ),
     )
-    install.add_argument("--config", metavar="FILE", help="the veloxd.yaml to serve (default: $VELOXD_CONFIG, else ~/.config/veloxd/veloxd.yaml)")
+    install.add_argument(
+        "--config",
+        metavar="FILE",
+        help="the veloxd.yaml to serve (default: $VELOXD_CONFIG, else ~/.config/veloxd/veloxd.yaml)",
+    )
     _add_common(install)
-    install.add_argument("--log-file", metavar="FILE", help="the daemon's JSON log (default: the platform's log location)")
-    install.add_argument("--state-dir", metavar="DIR", help="the daemon's state directory (default: the platform's one)")
+    install.add_argument(
+        "--log-file", metavar="FILE", help="the daemon's JSON log (default: the platform's log location)"
+    )
+    install.add_argument(
+        "--state-dir", metavar="DIR", help="the daemon's state directory (default: the platform's one)"
+    )
     install.add_argument("--print", action="store_true", help="print the plist (or unit) and change nothing")
     install.set_defaults(func=run_install)
 
@@ -38,7 +46,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _add_common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--label", help=f"launchd label (default {DEFAULT_LABEL}) or, with --systemd, unit name (default {DEFAULT_UNIT})")
+    parser.add_argument(
+        "--label",
+        help=f"launchd label (default {DEFAULT_LABEL}) or, with --systemd, unit name (default {DEFAULT_UNIT})",
+    )
     parser.add_argument("--systemd", action="store_true", help="use a systemd user unit instead of launchd (Linux)")
 
 
@@ -76,7 +87,9 @@ def run_install(args: argparse.Namespace) -> int:
         line = systemd.install(spec, label) if args.systemd else agent.install(spec)
     except InstallFailed as err:
         print(f"veloxd install: {err}", file=sys.stderr)
-        print("veloxd install: fix the cause above and run `veloxd install` again (re-running is safe)", file=sys.stderr)
+        print(
+            "veloxd install: fix the cause above and run `veloxd install` again (re-running is safe)", file=sys.stderr
+        )
         return 1
     print(line)
     return 0

@@ -29,5 +29,14 @@ def run(args: argparse.Namespace) -> int:
     from veloxd.web.main import WebOptions, main
 
     state_dir = (args.state_dir or paths.default_state_dir()).expanduser().absolute()
-    return main(WebOptions(state_dir=state_dir, host=args.host, port=args.port, interval_s=args.interval_s,
-                           history=args.history, api_key_env=args.api_key_env, lifeline_fd=args.lifeline_fd))
+    return main(
+        WebOptions(
+            state_dir=state_dir,
+            host=args.host,
+            port=args.port,
+            interval_s=args.interval_s,
+            history=args.history,
+            api_key_env=args.api_key_env,
+            lifeline_fd=args.lifeline_fd,
+        )
+    )

@@ -14,13 +14,30 @@ from veloxd.kv.config import OWN_KEYS, fields_for, settings
 
 def render_markdown() -> str:
     """docs/reference.md's generated section: `veloxd schema --docs`."""
-    return "\n".join([
-        "## KV-cache methods", "", methods_table(), "",
-        "## KV-cache settings (`bits`, `seed`, and `overrides`)", "", fields_table(), "",
-        "## Server entry keys", "", entry_keys_table(), "",
-        "## Dashboard keys (top-level `dashboard:`; absent: no dashboard)", "", block_table("dashboard"), "",
-        "## Gateway keys (`gateway:`, docs/gateway.md)", "", gateway_keys_table(), "",
-    ])
+    return "\n".join(
+        [
+            "## KV-cache methods",
+            "",
+            methods_table(),
+            "",
+            "## KV-cache settings (`bits`, `seed`, and `overrides`)",
+            "",
+            fields_table(),
+            "",
+            "## Server entry keys",
+            "",
+            entry_keys_table(),
+            "",
+            "## Dashboard keys (top-level `dashboard:`; absent: no dashboard)",
+            "",
+            block_table("dashboard"),
+            "",
+            "## Gateway keys (`gateway:`, docs/gateway.md)",
+            "",
+            gateway_keys_table(),
+            "",
+        ]
+    )
 
 
 def block_table(name: str) -> str:
@@ -38,8 +55,17 @@ def methods_table() -> str:
         m = registry.get(name)
         bits = f"{'/'.join(map(str, m.bits_choices))} ({m.default_bits})" if m.bits_choices else "-"
         fields = [f"`{f}`" for f in fields_for(m.name) if f not in OWN_KEYS]
-        rows.append([f"`{m.name}`", m.family, bits, m.storage, "yes" if m.batchable else "no",
-                     m.trimmable.replace("_", " "), ", ".join(fields) or "-"])
+        rows.append(
+            [
+                f"`{m.name}`",
+                m.family,
+                bits,
+                m.storage,
+                "yes" if m.batchable else "no",
+                m.trimmable.replace("_", " "),
+                ", ".join(fields) or "-",
+            ]
+        )
     return _table(rows)
 
 
@@ -49,8 +75,16 @@ def fields_table() -> str:
         meta = f.metadata
         allowed = ", ".join(map(str, meta["choices"])) if meta["choices"] else _range(meta)
         where = "entry key" if f.name in OWN_KEYS else "`overrides`"
-        rows.append([f"`{f.name}` ({where})", ", ".join(meta["methods"]), meta["kind"].__name__
-                     + (" or null" if meta["nullable"] else ""), _show(f.default), allowed, meta["help"]])
+        rows.append(
+            [
+                f"`{f.name}` ({where})",
+                ", ".join(meta["methods"]),
+                meta["kind"].__name__ + (" or null" if meta["nullable"] else ""),
+                _show(f.default),
+                allowed,
+                meta["help"],
+            ]
+        )
     return _table(rows)
 
 
@@ -61,12 +95,19 @@ def entry_keys_table() -> str:
     for key, spec in server["properties"].items():
         if "$ref" in spec:  # e.g. seed: shared with the per-method rules
             spec = {**schema["definitions"][spec["$ref"].rsplit("/", 1)[-1]], **spec}
-        rows.append([f"`{key}`" + (" (required)" if key in server["required"] else ""), _type(spec),
-                     _show(spec["default"]) if "default" in spec else "-", spec.get("description", "")])
+        rows.append(
+            [
+                f"`{key}`" + (" (required)" if key in server["required"] else ""),
+                _type(spec),
+                _show(spec["default"]) if "default" in spec else "-",
+                spec.get("description", ""),
+            ]
+        )
         if "object" in spec.get("type", ()) and "properties" in spec and key != "overrides":
             for sub, sub_spec in spec["properties"].items():
-                rows.append([f"`{key}.{sub}`", _type(sub_spec), _show(sub_spec.get("default")),
-                             sub_spec.get("description", "")])
+                rows.append(
+                    [f"`{key}.{sub}`", _type(sub_spec), _show(sub_spec.get("default")), sub_spec.get("description", "")]
+                )
     return _table(rows)
 
 
@@ -74,8 +115,14 @@ def gateway_keys_table() -> str:
     gateway = build_schema()["properties"]["gateway"]
     rows = [["key", "type", "default", "description"]]
     for key, spec in gateway["properties"].items():
-        rows.append([f"`{key}`" + (" (required)" if key in gateway["required"] else ""), _type(spec),
-                     _show(spec["default"]) if "default" in spec else "-", spec.get("description", "")])
+        rows.append(
+            [
+                f"`{key}`" + (" (required)" if key in gateway["required"] else ""),
+                _type(spec),
+                _show(spec["default"]) if "default" in spec else "-",
+                spec.get("description", ""),
+            ]
+        )
     return _table(rows)
 
 

@@ -30,43 +30,72 @@ def _size_or_none(value: Any) -> int | None:
 class Gateway:
     """The gateway's settings, defaults applied."""
 
-    port: int = key(help="TCP port of the gateway's OpenAI-compatible API (the one base URL clients use).",
-                    schema={"type": "integer", "minimum": 1, "maximum": 65535})
-    host: str = key("127.0.0.1", help="Address the gateway binds. Loopback by default; any other address needs "
-                    "api_key_env, or allow_unauthenticated: true.",
-                    schema={"type": "string", "pattern": HOST_PATTERN, "maxLength": 253})
-    api_key_env: str | None = key(None, help="Name of an environment variable of the daemon holding the bearer "
-                                  "token clients must send to the gateway; unset: no authentication. Applies "
-                                  "without a restart.", schema={"type": ["string", "null"], "pattern": ENV_NAME_PATTERN},
-                                  live=True)
-    allow_unauthenticated: bool = key(False, help="Set true to bind a non-loopback gateway host without "
-                                      "api_key_env, deliberately.", schema={"type": "boolean"}, live=True)
-    memory_budget: int | None = key(None, help=f"Memory the running servers may use together: {SIZE_HELP}. "
-                                    "Unset: 75% of physical memory, or MLX's recommended working set on Apple "
-                                    "silicon when that is smaller. On-demand servers are admitted within it.",
-                                    schema={"type": ["integer", "string", "null"], "minimum": 1,
-                                            "pattern": SIZE_PATTERN}, live=True, convert=_size_or_none)
-    max_body_bytes: int = key(16_000_000, help=f"Largest request body the gateway accepts: {SIZE_HELP}; larger "
-                              "requests get 413.", schema={"type": ["integer", "string"], "minimum": 1,
-                                                          "pattern": SIZE_PATTERN}, live=True, convert=parse_size)
-    start_timeout_s: float = key(300.0, help="Seconds a request waits for its server to become ready (an "
-                                 "on-demand start, a restart after a crash) before it gets 503 with Retry-After.",
-                                 schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400}, live=True)
+    port: int = key(
+        help="TCP port of the gateway's OpenAI-compatible API (the one base URL clients use).",
+        schema={"type": "integer", "minimum": 1, "maximum": 65535},
+    )
+    host: str = key(
+        "127.0.0.1",
+        help="Address the gateway binds. Loopback by default; any other address needs "
+        "api_key_env, or allow_unauthenticated: true.",
+        schema={"type": "string", "pattern": HOST_PATTERN, "maxLength": 253},
+    )
+    api_key_env: str | None = key(
+        None,
+        help="Name of an environment variable of the daemon holding the bearer "
+        "token clients must send to the gateway; unset: no authentication. Applies "
+        "without a restart.",
+        schema={"type": ["string", "null"], "pattern": ENV_NAME_PATTERN},
+        live=True,
+    )
+    allow_unauthenticated: bool = key(
+        False,
+        help="Set true to bind a non-loopback gateway host without api_key_env, deliberately.",
+        schema={"type": "boolean"},
+        live=True,
+    )
+    memory_budget: int | None = key(
+        None,
+        help=f"Memory the running servers may use together: {SIZE_HELP}. "
+        "Unset: 75% of physical memory, or MLX's recommended working set on Apple "
+        "silicon when that is smaller. On-demand servers are admitted within it.",
+        schema={"type": ["integer", "string", "null"], "minimum": 1, "pattern": SIZE_PATTERN},
+        live=True,
+        convert=_size_or_none,
+    )
+    max_body_bytes: int = key(
+        16_000_000,
+        help=f"Largest request body the gateway accepts: {SIZE_HELP}; larger requests get 413.",
+        schema={"type": ["integer", "string"], "minimum": 1, "pattern": SIZE_PATTERN},
+        live=True,
+        convert=parse_size,
+    )
+    start_timeout_s: float = key(
+        300.0,
+        help="Seconds a request waits for its server to become ready (an "
+        "on-demand start, a restart after a crash) before it gets 503 with Retry-After.",
+        schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+        live=True,
+    )
 
     def to_dict(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Gateway:
-        return cls(**{f.name: f.metadata["convert"](data[f.name]) if f.metadata.get("convert") else data[f.name]
-                      for f in yaml_fields(cls) if f.name in data})
+        return cls(
+            **{
+                f.name: f.metadata["convert"](data[f.name]) if f.metadata.get("convert") else data[f.name]
+                for f in yaml_fields(cls)
+                if f.name in data
+            }
+        )
 
     def process_key(self) -> dict[str, Any]:
         return {"gateway.host": self.host, "gateway.port": self.port}
 
     def live_key(self) -> dict[str, Any]:
-        return {f"gateway.{f.name}": getattr(self, f.name) for f in yaml_fields(Gateway)
-                if f.metadata.get("live")}
+        return {f"gateway.{f.name}": getattr(self, f.name) for f in yaml_fields(Gateway) if f.metadata.get("live")}
 
 
 @dataclass(frozen=True)

@@ -45,8 +45,12 @@ def check_routing(raw_servers: Mapping[str, Any], has_gateway: bool) -> Problems
         if not isinstance(raw, dict):
             continue
         if not has_gateway and raw.get("start") == "on_demand":
-            problems.append((("servers", name, "start"), "start: on_demand needs a gateway: block (the gateway "
-                                                         "starts the server on its first request)"))
+            problems.append(
+                (
+                    ("servers", name, "start"),
+                    "start: on_demand needs a gateway: block (the gateway starts the server on its first request)",
+                )
+            )
         aliases = raw.get("aliases")
         for index, alias in enumerate(aliases if isinstance(aliases, list) else []):
             if not isinstance(alias, str):

@@ -50,18 +50,28 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
     try:
         parsed = parse(source.text)
     except YamlProblem as problem:
-        return _invalid(issues + [ConfigIssue(file, *problem.position, json_path(problem.path),
-                                                 one_line(problem.message))])
-    yaml_issues = [ConfigIssue(file, *position, json_path(p), one_line(message))
-                   for position, p, message in parsed.problems]
+        return _invalid(
+            issues + [ConfigIssue(file, *problem.position, json_path(problem.path), one_line(problem.message))]
+        )
+    yaml_issues = [
+        ConfigIssue(file, *position, json_path(p), one_line(message)) for position, p, message in parsed.problems
+    ]
     issues += yaml_issues
     data, spans = parsed.data, parsed.spans
     if data is None:
-        return _invalid(issues + [ConfigIssue(
-            file, 1, 1, "$", f"the file is empty: write 'version: {VERSION}' and a 'servers' mapping")])
+        return _invalid(
+            issues
+            + [ConfigIssue(file, 1, 1, "$", f"the file is empty: write 'version: {VERSION}' and a 'servers' mapping")]
+        )
     if not isinstance(data, dict):
-        return _invalid(issues + [locate(
-            file, spans, (), f"the top level must be a mapping with 'version' and 'servers', not {_kind(data)}")])
+        return _invalid(
+            issues
+            + [
+                locate(
+                    file, spans, (), f"the top level must be a mapping with 'version' and 'servers', not {_kind(data)}"
+                )
+            ]
+        )
     bad_paths = {p for _, p, _ in parsed.problems}
     for path_parts, issue in schema_issues(data, spans, file):
         if path_parts not in bad_paths:  # e.g. a bad tag: do not also report the string's type
@@ -78,8 +88,9 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
         issues += [locate(file, spans, ("servers", name) + p, message) for p, message in problems]
         if entry is not None:
             servers[name] = entry
-    gateway, gateway_problems = check_gateway(data.get("gateway"), {p[1] for p in bad_paths if p[:1] == ("gateway",)
-                                                                    and len(p) > 1})
+    gateway, gateway_problems = check_gateway(
+        data.get("gateway"), {p[1] for p in bad_paths if p[:1] == ("gateway",) and len(p) > 1}
+    )
     gateway_problems += check_routing(raw_servers, gateway is not None or "gateway" in data)
     issues += [locate(file, spans, p, message) for p, message in gateway_problems]
     endpoints = _endpoints(raw_servers)
@@ -98,10 +109,19 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
         dashboard = dashboard_from_dict(raw_dashboard)
     if issues:
         return _invalid(issues)
-    warnings = [locate(file, spans, ("servers", name) + condition.path, condition.message)
-                for name, entry in servers.items() for condition in entry_conditions(entry, ports=False)]
-    config = Config(version=VERSION, servers=with_assigned_ports(servers, gateway), source=str(source.path),
-                    sha256=source.sha256, dashboard=dashboard, gateway=gateway)
+    warnings = [
+        locate(file, spans, ("servers", name) + condition.path, condition.message)
+        for name, entry in servers.items()
+        for condition in entry_conditions(entry, ports=False)
+    ]
+    config = Config(
+        version=VERSION,
+        servers=with_assigned_ports(servers, gateway),
+        source=str(source.path),
+        sha256=source.sha256,
+        dashboard=dashboard,
+        gateway=gateway,
+    )
     return Inspection(config, warnings=_sorted(warnings))
 
 

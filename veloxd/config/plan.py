@@ -34,8 +34,10 @@ class Plan:
         """One line, e.g. "1 to start, 1 to restart, 0 to update, 1 to stop, 2 unchanged"."""
         if self.is_noop:
             return f"no changes ({len(self.unchanged)} unchanged)"
-        return (f"{len(self.added)} to start, {len(self.changed)} to restart, {len(self.updated)} to update, "
-                f"{len(self.removed)} to stop, {len(self.unchanged)} unchanged")
+        return (
+            f"{len(self.added)} to start, {len(self.changed)} to restart, {len(self.updated)} to update, "
+            f"{len(self.removed)} to stop, {len(self.unchanged)} unchanged"
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {

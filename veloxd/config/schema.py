@@ -35,8 +35,7 @@ def build_schema(fields: Fields | None = None, methods: Sequence[MethodInfo] | N
         "additionalProperties": False,
         "required": ["version", "servers"],
         "properties": {
-            "version": {"description": f"Format version of this file; this veloxd reads {VERSION}.",
-                        "const": VERSION},
+            "version": {"description": f"Format version of this file; this veloxd reads {VERSION}.", "const": VERSION},
             "servers": {
                 "description": "The servers to run, by name. The name is a server's identity across reloads: "
                 "lowercase letters, digits, '-' and '_', starting with a letter or digit.",
@@ -49,11 +48,17 @@ def build_schema(fields: Fields | None = None, methods: Sequence[MethodInfo] | N
             "gateway": _gateway_schema(),
         },
         # Without a gateway every server needs its own port; behind one, ports may be assigned.
-        "allOf": [{"if": {"not": {"required": ["gateway"]}},
-                   "then": {"properties": {"servers": {"additionalProperties": {"required": ["port"]}}}}}],
+        "allOf": [
+            {
+                "if": {"not": {"required": ["gateway"]}},
+                "then": {"properties": {"servers": {"additionalProperties": {"required": ["port"]}}}},
+            }
+        ],
         "patternProperties": {
-            "^x-": {"description": "Extension keys, ignored by veloxd: a place for YAML anchors that several "
-                    "servers share (e.g. `x-defaults: &defaults {...}` then `<<: *defaults`)."},
+            "^x-": {
+                "description": "Extension keys, ignored by veloxd: a place for YAML anchors that several "
+                "servers share (e.g. `x-defaults: &defaults {...}` then `<<: *defaults`)."
+            },
         },
         "definitions": {
             "server": _server_schema(fields, methods),
@@ -122,18 +127,25 @@ def _kv_keys(fields: Fields, methods: Sequence[MethodInfo]) -> dict[str, Any]:
     out: dict[str, Any] = {
         "method": {
             "description": "KV-cache method (`veloxd methods` describes each): "
-            + ", ".join(f"{m.name} ({m.family})" for m in methods) + ".",
+            + ", ".join(f"{m.name} ({m.family})" for m in methods)
+            + ".",
             "type": "string",
             "enum": [m.name for m in methods],
         },
     }
     for f in fields:
         if f.name == "bits":
-            valid = "; ".join(f"{m.name}: {'/'.join(map(str, m.bits_choices))} (default {m.default_bits})"
-                              for m in methods if m.bits_choices)
+            valid = "; ".join(
+                f"{m.name}: {'/'.join(map(str, m.bits_choices))} (default {m.default_bits})"
+                for m in methods
+                if m.bits_choices
+            )
             choices = sorted({b for m in methods for b in m.bits_choices})
-            out["bits"] = {"description": f"{f.metadata['help']} Valid: {valid}.",
-                           "type": ["integer", "null"], "enum": [*choices, None]}
+            out["bits"] = {
+                "description": f"{f.metadata['help']} Valid: {valid}.",
+                "type": ["integer", "null"],
+                "enum": [*choices, None],
+            }
         elif f.name in OWN_KEYS:
             out[f.name] = {"$ref": f"#/definitions/kv_{f.name}"}
     out["overrides"] = {
@@ -152,17 +164,25 @@ def _method_rule(method: MethodInfo, fields: Fields) -> dict[str, Any]:
     then: dict[str, Any] = {}
     for f in fields:
         if f.name == "bits":
-            then["bits"] = ({"enum": [*method.bits_choices, None], "default": method.default_bits}
-                            if method.bits_choices and applies(f, method.name) else _forbidden(f.name, method.name))
+            then["bits"] = (
+                {"enum": [*method.bits_choices, None], "default": method.default_bits}
+                if method.bits_choices and applies(f, method.name)
+                else _forbidden(f.name, method.name)
+            )
         elif f.name in OWN_KEYS:
             then[f.name] = {} if applies(f, method.name) else _forbidden(f.name, method.name)
     then["overrides"] = {
         "additionalProperties": False,
-        "properties": {f.name: {"$ref": f"#/definitions/kv_{f.name}"}
-                       for f in fields if f.name not in OWN_KEYS and applies(f, method.name)},
+        "properties": {
+            f.name: {"$ref": f"#/definitions/kv_{f.name}"}
+            for f in fields
+            if f.name not in OWN_KEYS and applies(f, method.name)
+        },
     }
-    return {"if": {"properties": {"method": {"const": method.name}}, "required": ["method"]},
-            "then": {"properties": then}}
+    return {
+        "if": {"properties": {"method": {"const": method.name}}, "required": ["method"]},
+        "then": {"properties": then},
+    }
 
 
 def _forbidden(key: str, method: str) -> dict[str, Any]:
@@ -172,8 +192,11 @@ def _forbidden(key: str, method: str) -> dict[str, Any]:
 
 def _key_schema(f: dataclasses.Field) -> dict[str, Any]:
     out = {"description": f.metadata["help"], **f.metadata["schema"]}
-    out["default"] = f.default_factory() if f.default is dataclasses.MISSING and \
-        f.default_factory is not dataclasses.MISSING else f.default
+    out["default"] = (
+        f.default_factory()
+        if f.default is dataclasses.MISSING and f.default_factory is not dataclasses.MISSING
+        else f.default
+    )
     if out["default"] is dataclasses.MISSING:
         del out["default"]
     return out

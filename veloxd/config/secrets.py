@@ -12,8 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 REDACTED = "<redacted>"
-SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW|PASSPHRASE|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE)",
-                         re.IGNORECASE)
+SECRET_NAME = re.compile(r"(KEY|TOKEN|SECRET|PASSW|PASSPHRASE|CREDENTIAL|AUTH|COOKIE|SESSION|PRIVATE)", re.IGNORECASE)
 
 
 def is_secret_name(name: str) -> bool:
@@ -22,8 +21,7 @@ def is_secret_name(name: str) -> bool:
 
 def redact_env(env: Mapping[str, str], api_key_env: str | None = None) -> dict[str, str]:
     """`env` with the values of secret-looking keys (and of `api_key_env`) replaced by REDACTED."""
-    return {name: REDACTED if is_secret_name(name) or name == api_key_env else value
-            for name, value in env.items()}
+    return {name: REDACTED if is_secret_name(name) or name == api_key_env else value for name, value in env.items()}
 
 
 def redact_config(data: Mapping[str, Any]) -> dict[str, Any]:

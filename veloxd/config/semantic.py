@@ -17,8 +17,9 @@ Problems = list[tuple[tuple, str]]  # (path inside the entry, message)
 Report = Callable[[tuple, str], None]
 
 
-def check_entry(name: str, raw: dict[str, Any], base_dir: Path,
-                bad_keys: AbstractSet[str] = frozenset()) -> tuple[ServerEntry | None, Problems]:
+def check_entry(
+    name: str, raw: dict[str, Any], base_dir: Path, bad_keys: AbstractSet[str] = frozenset()
+) -> tuple[ServerEntry | None, Problems]:
     """The entry built from `raw`, or None and the reasons it cannot be built.
 
     Keys in `bad_keys` already failed the schema: they are not checked again, and no entry is built.
@@ -77,8 +78,13 @@ def check_dashboard(raw: dict[str, Any], servers: dict[str, tuple[str, int]]) ->
     problems: Problems = []
     host, port = raw.get("host", "127.0.0.1"), raw.get("port", 8090)
     if not is_loopback(host):
-        problems.append((("host",), f"dashboard host {host} is not a loopback address: the dashboard shows logs "
-                                    "and states without authentication, so it binds 127.0.0.1, ::1 or localhost"))
+        problems.append(
+            (
+                ("host",),
+                f"dashboard host {host} is not a loopback address: the dashboard shows logs "
+                "and states without authentication, so it binds 127.0.0.1, ::1 or localhost",
+            )
+        )
     for other, (other_host, other_port) in servers.items():
         if port == other_port and _same_address(host, other_host):
             problems.append((("port",), f"dashboard {host}:{port} is already used by server '{other}'"))
@@ -88,12 +94,14 @@ def check_dashboard(raw: dict[str, Any], servers: dict[str, tuple[str, int]]) ->
 
 def _same_address(a: str, b: str) -> bool:
     """Equal after normalising, or one of them is a wildcard (0.0.0.0 / ::) that takes every address."""
+
     def norm(host: str) -> str:
         host = host.lower()
         try:
             return str(ipaddress.ip_address("127.0.0.1" if host == "localhost" else host))
         except ValueError:
             return host
+
     return norm(a) == norm(b) or norm(a) in ("0.0.0.0", "::") or norm(b) in ("0.0.0.0", "::")
 
 
@@ -128,16 +136,21 @@ def _check_host(data: dict[str, Any], report: Report) -> None:
         report(("host",), f"host={problem}")
         return
     if not is_loopback(host) and not data.get("api_key_env") and data.get("allow_unauthenticated") is not True:
-        report(("host",), f"host {host} exposes the server beyond this machine: set api_key_env (clients then "
-                          "need a bearer token) or, deliberately, allow_unauthenticated: true")
+        report(
+            ("host",),
+            f"host {host} exposes the server beyond this machine: set api_key_env (clients then "
+            "need a bearer token) or, deliberately, allow_unauthenticated: true",
+        )
 
 
 def _check_token_cap(data: dict[str, Any], report: Report) -> None:
     default = (data.get("sampling") or {}).get("max_tokens")
     cap = (data.get("limits") or {}).get("max_tokens")
     if isinstance(default, int) and isinstance(cap, int) and default > cap:
-        report(("sampling", "max_tokens"),
-               f"sampling.max_tokens ({default}) exceeds limits.max_tokens ({cap}): no request could get it")
+        report(
+            ("sampling", "max_tokens"),
+            f"sampling.max_tokens ({default}) exceeds limits.max_tokens ({cap}): no request could get it",
+        )
 
 
 def _kv_error_path(field: str, data: dict[str, Any]) -> tuple:

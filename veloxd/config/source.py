@@ -51,8 +51,9 @@ def read_source(path: str | os.PathLike) -> Source:
         raise SourceProblem(f"cannot read: {err.strerror or err}", unreadable=True) from None
     if len(data) > MAX_BYTES:  # grew after stat
         raise SourceProblem(f"file is over the limit of {MAX_BYTES} bytes (1 MiB)", unreadable=False)
-    return Source(path=path, text=_decode(data), sha256=hashlib.sha256(data).hexdigest(),
-                  problems=_ownership_problems(path, info))
+    return Source(
+        path=path, text=_decode(data), sha256=hashlib.sha256(data).hexdigest(), problems=_ownership_problems(path, info)
+    )
 
 
 def _decode(data: bytes) -> str:
@@ -62,19 +63,30 @@ def _decode(data: bytes) -> str:
     except UnicodeDecodeError as err:
         line_start = body.rfind(b"\n", 0, err.start) + 1
         line = body.count(b"\n", 0, err.start) + 1
-        column = len(body[line_start:err.start].decode("utf-8", "replace")) + 1
-        raise SourceProblem(f"not UTF-8: byte 0x{body[err.start]:02X} cannot be decoded; save the file as UTF-8",
-                            unreadable=False, position=(line, column)) from None
+        column = len(body[line_start : err.start].decode("utf-8", "replace")) + 1
+        raise SourceProblem(
+            f"not UTF-8: byte 0x{body[err.start]:02X} cannot be decoded; save the file as UTF-8",
+            unreadable=False,
+            position=(line, column),
+        ) from None
 
 
 def _ownership_problems(path: Path, info: os.stat_result) -> list[tuple[Position, str]]:
     """The file decides which programs the daemon runs: only its owner may change it."""
     problems = []
     if info.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
-        who = "group and others" if info.st_mode & stat.S_IWGRP and info.st_mode & stat.S_IWOTH else (
-            "its group" if info.st_mode & stat.S_IWGRP else "others")
-        problems.append(((1, 1), f"refused: the file is writable by {who} (mode {stat.S_IMODE(info.st_mode):04o}) "
-                                 f"and decides what the daemon runs; run: chmod go-w '{path}'"))
+        who = (
+            "group and others"
+            if info.st_mode & stat.S_IWGRP and info.st_mode & stat.S_IWOTH
+            else ("its group" if info.st_mode & stat.S_IWGRP else "others")
+        )
+        problems.append(
+            (
+                (1, 1),
+                f"refused: the file is writable by {who} (mode {stat.S_IMODE(info.st_mode):04o}) "
+                f"and decides what the daemon runs; run: chmod go-w '{path}'",
+            )
+        )
     if info.st_uid not in (os.getuid(), 0):
         problems.append(((1, 1), f"refused: the file belongs to uid {info.st_uid}, not to you (uid {os.getuid()})"))
     try:
@@ -82,6 +94,10 @@ def _ownership_problems(path: Path, info: os.stat_result) -> list[tuple[Position
     except OSError:
         return problems
     if parent.st_mode & stat.S_IWOTH and not parent.st_mode & stat.S_ISVTX:
-        problems.append(((1, 1), f"refused: its directory {path.resolve().parent} is writable by others, "
-                                 "who could replace the file"))
+        problems.append(
+            (
+                (1, 1),
+                f"refused: its directory {path.resolve().parent} is writable by others, who could replace the file",
+            )
+        )
     return problems

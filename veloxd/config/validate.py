@@ -18,17 +18,28 @@ from veloxd.kv import registry
 from veloxd.kv.config import OWN_KEYS, override_fields_for, owners, settings
 
 YAML11_BOOLEANS = ("yes", "no", "on", "off", "y", "n")
-_EXPECTED = {"integer": "an integer", "number": "a number", "string": "a string", "boolean": "true or false",
-             "object": "a mapping", "array": "a list", "null": "empty"}
+_EXPECTED = {
+    "integer": "an integer",
+    "number": "a number",
+    "string": "a string",
+    "boolean": "true or false",
+    "object": "a mapping",
+    "array": "a list",
+    "null": "empty",
+}
 Explained = tuple[tuple, str, str]  # (path, message, anchor: "key" | "value" | "container")
 
 
-def schema_issues(data: Any, spans: dict[tuple, Span], file: str,
-                  schema: dict[str, Any] | None = None) -> list[tuple[tuple, ConfigIssue]]:
+def schema_issues(
+    data: Any, spans: dict[tuple, Span], file: str, schema: dict[str, Any] | None = None
+) -> list[tuple[tuple, ConfigIssue]]:
     """Every schema violation in `data` as (path parts, issue), one per (path, message)."""
     validator = Draft7Validator(schema or default_schema())
-    explained = [(_rank(err), path, message, anchor)
-                 for err in validator.iter_errors(data) for path, message, anchor in _explain(err, data)]
+    explained = [
+        (_rank(err), path, message, anchor)
+        for err in validator.iter_errors(data)
+        for path, message, anchor in _explain(err, data)
+    ]
     # One kind of complaint per place: an unknown key hides the checks of its value, a wrong type hides
     # the range checks, and nothing is reported below a key that is itself wrong.
     best: dict[tuple, int] = {}
@@ -154,8 +165,10 @@ def _value_message(err: ValidationError, path: tuple, value: Any, data: Any) -> 
         having = registry.methods_with_bits() if key == "bits" else owners(key)
         return f"{key} does not apply to method {method} (only to: {', '.join(having)})"
     if kind == "enum" and key == "method" and len(path) == 3:
-        return f"unknown method '{value}'{did_you_mean(str(value), list(registry.names()))} " \
-               f"(valid: {', '.join(registry.names())})"
+        return (
+            f"unknown method '{value}'{did_you_mean(str(value), list(registry.names()))} "
+            f"(valid: {', '.join(registry.names())})"
+        )
     if kind == "enum" and key == "bits" and len(path) == 3:
         if method and registry.get(method).bits_choices:
             return f"bits={short_repr(value)} is not valid for method {method}; choose one of {list(registry.get(method).bits_choices)}"
@@ -164,7 +177,11 @@ def _value_message(err: ValidationError, path: tuple, value: Any, data: Any) -> 
     if kind == "enum":
         return f"{label}={short_repr(value)}{for_method}: choose one of {[c for c in rule if c is not None]}"
     if kind == "const" and path == ("version",):
-        shown = short_repr(value) if isinstance(value, (int, float, str)) and not isinstance(value, bool) else _describe(value)
+        shown = (
+            short_repr(value)
+            if isinstance(value, (int, float, str)) and not isinstance(value, bool)
+            else _describe(value)
+        )
         return f"unsupported version {shown}; this veloxd reads version {VERSION}"
     if kind == "type":
         return _type_message(label, path, value, rule)
@@ -195,7 +212,7 @@ def _type_message(label: str, path: tuple, value: Any, expected: str | list[str]
     if "boolean" in wanted and isinstance(value, str) and value.lower() in YAML11_BOOLEANS:
         message += " (veloxd reads YAML 1.2, where only true and false are booleans)"
     elif wanted == ["string"] and isinstance(value, (bool, int, float)):
-        message += f" (quote it: \"{str(value).lower() if isinstance(value, bool) else value}\")"
+        message += f' (quote it: "{str(value).lower() if isinstance(value, bool) else value}")'
     return message
 
 

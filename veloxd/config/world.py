@@ -58,8 +58,10 @@ def adapter_problem(path: Path) -> str | None:
 def env_problem(variable: str, entry_env: Mapping[str, str], environ: Mapping[str, str]) -> str | None:
     if entry_env.get(variable) or environ.get(variable):
         return None
-    return (f"api_key_env {variable} is not set (or empty) in the environment or the entry's env "
-            "(the server would refuse every client)")
+    return (
+        f"api_key_env {variable} is not set (or empty) in the environment or the entry's env "
+        "(the server would refuse every client)"
+    )
 
 
 def port_problem(host: str, port: int) -> str | None:

@@ -65,8 +65,12 @@ class _Resolver(BaseResolver):
 for _tag, _regexp, _first in (
     (BOOL, r"^(?:true|True|TRUE|false|False|FALSE)$", "tTfF"),
     (INT, r"^(?:[-+]?[0-9]+|0o[0-7]+|0x[0-9a-fA-F]+)$", "-+0123456789"),
-    (FLOAT, r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
-            r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$", "-+.0123456789"),
+    (
+        FLOAT,
+        r"^(?:[-+]?(?:\.[0-9]+|[0-9]+(?:\.[0-9]*)?)(?:[eE][-+]?[0-9]+)?"
+        r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$",
+        "-+.0123456789",
+    ),
     (NULL, r"^(?:~|null|Null|NULL|)$", ["~", "n", "N", ""]),
     (MERGE, r"^<<$", "<"),
 ):
@@ -152,8 +156,11 @@ class _Converter:
         self.count += 1
         if self.count > MAX_NODES:
             where = self.parsed.spans.get(path[:1])
-            raise YamlProblem(where.key or where.value if where else _position(node),
-                              f"aliases expand to more than {MAX_NODES} values (an alias bomb?)", path[:1])
+            raise YamlProblem(
+                where.key or where.value if where else _position(node),
+                f"aliases expand to more than {MAX_NODES} values (an alias bomb?)",
+                path[:1],
+            )
         if id(node) in self.active:
             raise YamlProblem(_position(node), "recursive alias: a value contains itself", path)
         self.parsed.spans[path] = Span(key, _position(node), not isinstance(node, ScalarNode))
@@ -161,8 +168,11 @@ class _Converter:
             self.chars += len(node.value)
             if self.chars > MAX_CHARS:
                 where = self.parsed.spans.get(path[:1])
-                raise YamlProblem(where.key or where.value if where else _position(node),
-                                  f"aliases expand to more than {MAX_CHARS} characters (an alias bomb?)", path[:1])
+                raise YamlProblem(
+                    where.key or where.value if where else _position(node),
+                    f"aliases expand to more than {MAX_CHARS} characters (an alias bomb?)",
+                    path[:1],
+                )
             return self.scalar(node, path)
         self.active.add(id(node))
         try:
@@ -188,8 +198,9 @@ class _Converter:
             self.chars += len(name)
             if name in first_line:
                 if explicit:
-                    self.problem(key_node, path + (name,),
-                                 f"duplicate key '{name}' (first written at line {first_line[name]})")
+                    self.problem(
+                        key_node, path + (name,), f"duplicate key '{name}' (first written at line {first_line[name]})"
+                    )
                 continue  # a merged key loses to an explicit one, and to an earlier merge source
             first_line[name] = _position(key_node)[0]
             result[name] = self.value(value_node, path + (name,), _position(key_node))
@@ -239,7 +250,7 @@ class _Converter:
         except ValueError:
             pass
         if tag in (NULL, BOOL, INT, FLOAT):
-            self.problem(node, path, f"'{text}' is not a valid {tag[len(_TAG):]}")
+            self.problem(node, path, f"'{text}' is not a valid {tag[len(_TAG) :]}")
         else:
             self.problem(node, path, f"unsupported tag '{_short(tag)}'")
         return text
@@ -255,4 +266,4 @@ def _float(text: str) -> float:
 
 
 def _short(tag: str) -> str:
-    return "!!" + tag[len(_TAG):] if tag.startswith(_TAG) else tag
+    return "!!" + tag[len(_TAG) :] if tag.startswith(_TAG) else tag

@@ -18,10 +18,23 @@ import structlog
 from structlog.dev import Column, ConsoleRenderer, KeyValueColumnFormatter, LogLevelColumnFormatter
 
 # Keys never shown on the console: the event name already says them, or they only matter to tools.
-HIDDEN = frozenset({
-    "from_state", "state", "argv", "worker_command", "control_socket", "state_dir", "config_sha256",
-    "kept_config_sha256", "errors", "exit", "expected", "stream", "logger",
-})
+HIDDEN = frozenset(
+    {
+        "from_state",
+        "state",
+        "argv",
+        "worker_command",
+        "control_socket",
+        "state_dir",
+        "config_sha256",
+        "kept_config_sha256",
+        "errors",
+        "exit",
+        "expected",
+        "stream",
+        "logger",
+    }
+)
 # Below the line, indented: what a person must read in full (config errors, a crashed worker's stderr).
 TAIL_LINES = 8
 MAX_VALUE_CHARS = 80  # longer lists/mappings are left to the JSON log
@@ -99,7 +112,9 @@ def compact(event: Mapping[str, Any], *, with_date: bool = False) -> dict[str, A
     if event.get("event") == "server_output":
         line = str(event.get("line", ""))
         # The READY line is summarised by server_ready right after; its JSON is for the log file.
-        out["line"] = line[:READY_SHOWN] + " …" if line.startswith("VELOXD_READY ") and len(line) > READY_SHOWN else line
+        out["line"] = (
+            line[:READY_SHOWN] + " …" if line.startswith("VELOXD_READY ") and len(line) > READY_SHOWN else line
+        )
         return out
     logger = event.get("logger")
     if isinstance(logger, str) and not logger.startswith("veloxd"):
@@ -117,7 +132,9 @@ def compact(event: Mapping[str, Any], *, with_date: bool = False) -> dict[str, A
     below = _below(dict(event))
     exception = event.get("exception")
     if isinstance(exception, list):  # structlog's dict_tracebacks form, as stored in the JSON log
-        below += [f"{frame.get('exc_type')}: {frame.get('exc_value')}" for frame in exception if isinstance(frame, dict)]
+        below += [
+            f"{frame.get('exc_type')}: {frame.get('exc_value')}" for frame in exception if isinstance(frame, dict)
+        ]
     elif isinstance(exception, str):
         below.append(exception)
     if below:
@@ -131,20 +148,29 @@ def renderer(colors: bool) -> ConsoleRenderer:
     levels = {name: style + styles.bright for name, style in ConsoleRenderer.get_default_level_styles(colors).items()}
 
     def plain(style: str, width: int = 0, key: bool = False) -> KeyValueColumnFormatter:
-        return KeyValueColumnFormatter(key_style=styles.kv_key if key else None, value_style=style,
-                                       reset_style=styles.reset, value_repr=str, width=width)
+        return KeyValueColumnFormatter(
+            key_style=styles.kv_key if key else None,
+            value_style=style,
+            reset_style=styles.reset,
+            value_repr=str,
+            width=width,
+        )
 
-    default = KeyValueColumnFormatter(key_style=styles.kv_key, value_style=styles.kv_value,
-                                      reset_style=styles.reset, value_repr=_value_text)
-    return ConsoleRenderer(sort_keys=False, columns=[
-        Column("", default),
-        Column("timestamp", plain(styles.timestamp)),
-        Column("level", LogLevelColumnFormatter(levels, reset_style=styles.reset)),
-        Column("event", plain(styles.bright, width=22)),
-        Column("server", plain(styles.bright + styles.logger_name, key=True)),
-        Column("logger", plain(styles.logger_name, key=True)),
-        Column("line", plain("")),
-    ])
+    default = KeyValueColumnFormatter(
+        key_style=styles.kv_key, value_style=styles.kv_value, reset_style=styles.reset, value_repr=_value_text
+    )
+    return ConsoleRenderer(
+        sort_keys=False,
+        columns=[
+            Column("", default),
+            Column("timestamp", plain(styles.timestamp)),
+            Column("level", LogLevelColumnFormatter(levels, reset_style=styles.reset)),
+            Column("event", plain(styles.bright, width=22)),
+            Column("server", plain(styles.bright + styles.logger_name, key=True)),
+            Column("logger", plain(styles.logger_name, key=True)),
+            Column("line", plain("")),
+        ],
+    )
 
 
 def _value_text(value: object) -> str:

@@ -95,8 +95,10 @@ class ControlServer:
             self._sock.listen(8)
         except OSError as err:
             self._sock.close()
-            raise StartupError(f"cannot create the control socket {self.path}: {err.strerror or err}; "
-                               "check that directory's permissions, or use another --state-dir") from None
+            raise StartupError(
+                f"cannot create the control socket {self.path}: {err.strerror or err}; "
+                "check that directory's permissions, or use another --state-dir"
+            ) from None
         finally:
             os.umask(old_umask)
         self._thread = threading.Thread(target=self._accept, name="control", daemon=True)
@@ -160,8 +162,10 @@ def _clear_stale(path: Path) -> None:
         raise StartupError(f"cannot use {path} for the control socket: {err.strerror or err}") from None
     if not stat.S_ISSOCK(mode):
         kind = "a directory" if stat.S_ISDIR(mode) else "a symlink" if stat.S_ISLNK(mode) else "a file"
-        raise StartupError(f"cannot create the control socket {path}: {kind} is in the way; "
-                           "remove it (it is not veloxd's), or use another --state-dir")
+        raise StartupError(
+            f"cannot create the control socket {path}: {kind} is in the way; "
+            "remove it (it is not veloxd's), or use another --state-dir"
+        )
     try:
         path.unlink()
     except OSError as err:
@@ -216,4 +220,3 @@ def request_at(path: Path, payload: dict[str, Any], timeout: float = REQUEST_TIM
     if not line:
         raise DaemonUnreachable(f"the daemon closed {path} without answering")
     return json.loads(line)
-

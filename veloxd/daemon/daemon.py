@@ -75,8 +75,14 @@ class Daemon:
             remove_private_dir(Path(recorded))  # an earlier daemon's, left by a crash
         end_orphans(previous, self.log)  # before any port is bound
         self.lifeline = Lifeline()
-        spawner = WorkerSpawner(options.worker_command, self.lifeline, self.inbox, get_logger("veloxd.server"),
-                                env={CONTROL_SOCKET_ENV: str(self.control.path)}, event_log=get_logger("veloxd.gateway"))
+        spawner = WorkerSpawner(
+            options.worker_command,
+            self.lifeline,
+            self.inbox,
+            get_logger("veloxd.server"),
+            env={CONTROL_SOCKET_ENV: str(self.control.path)},
+            event_log=get_logger("veloxd.gateway"),
+        )
         self.supervisor = Supervisor(spawner, get_logger("veloxd.server"))
         self.ondemand = OnDemand(self.supervisor, options.state_dir, get_logger("veloxd.server"))
         web = WorkerSpawner(web_command(), self.lifeline, self.inbox, get_logger("veloxd.dashboard"))
@@ -86,9 +92,14 @@ class Daemon:
         self.control.start()
         self.watcher.start()
         self.log.info(
-            "daemon_started", pid=os.getpid(), version=__version__, config_path=str(options.config_path),
-            log_file=str(options.log_file) if options.log_file else None, state_dir=str(options.state_dir),
-            control_socket=str(self.control.path), worker_command=options.worker_command,
+            "daemon_started",
+            pid=os.getpid(),
+            version=__version__,
+            config_path=str(options.config_path),
+            log_file=str(options.log_file) if options.log_file else None,
+            state_dir=str(options.state_dir),
+            control_socket=str(self.control.path),
+            worker_command=options.worker_command,
         )
         self._reload(time.monotonic(), "startup")
         self._write_state(running=True)  # at once: `status` should not see the startup verdict late
@@ -122,8 +133,13 @@ class Daemon:
             self._write_state(running=True)
 
     def _next_wakeup(self, now: float) -> float:
-        deadlines = [self._next_poll, self.supervisor.next_deadline(), self._config_debounce.deadline(),
-                     self.models.deadline(), self.dashboard.supervisor.next_deadline()]
+        deadlines = [
+            self._next_poll,
+            self.supervisor.next_deadline(),
+            self._config_debounce.deadline(),
+            self.models.deadline(),
+            self.dashboard.supervisor.next_deadline(),
+        ]
         return min((d for d in deadlines if d is not None), default=now + POLL_S)
 
     # ---- messages -------------------------------------------------------------------------
@@ -238,11 +254,22 @@ class Daemon:
     def _rejected(self, outcome: Invalid, source: str) -> dict[str, Any]:
         kept = self.config.sha256 if self.config is not None else None
         self.log.error(
-            "config_reload_failed", source=source, config_path=str(self.source.path), config_sha256=outcome.sha256,
-            kept_config_sha256=kept, errors=outcome.errors, error_lines=outcome.lines,
+            "config_reload_failed",
+            source=source,
+            config_path=str(self.source.path),
+            config_sha256=outcome.sha256,
+            kept_config_sha256=kept,
+            errors=outcome.errors,
+            error_lines=outcome.lines,
         )
-        self.last_reload = {"ok": False, "at": wall_clock(), "source": source, "config_sha256": outcome.sha256,
-                            "kept_config_sha256": kept, "errors": outcome.lines}
+        self.last_reload = {
+            "ok": False,
+            "at": wall_clock(),
+            "source": source,
+            "config_sha256": outcome.sha256,
+            "kept_config_sha256": kept,
+            "errors": outcome.lines,
+        }
         return {"ok": False, "errors": outcome.lines, "kept_config_sha256": kept}
 
     def _apply(self, outcome: Valid, source: str, now: float) -> dict[str, Any]:
@@ -253,16 +280,27 @@ class Daemon:
         first = self.config is None and source == "startup"
         summary = plan.to_dict()
         event = "config_loaded" if first else "config_reloaded"
-        self.log.info(event, source=source, config_path=str(self.source.path), config_sha256=new.sha256,
-                      servers=list(new.servers), plan=summary)
+        self.log.info(
+            event,
+            source=source,
+            config_path=str(self.source.path),
+            config_sha256=new.sha256,
+            servers=list(new.servers),
+            plan=summary,
+        )
         self.config = self.ondemand.config = new
         self.supervisor.apply(plan, new.supervised(), now)
         self.ondemand.report_overcommit()
         self.dashboard.apply(new.dashboard, now)
         self.supervisor.recheck_waiting(now)  # whatever the plan, the world may have changed too
         self.watcher.set_model_dirs(self.models.update(new.servers))
-        self.last_reload = {"ok": True, "at": wall_clock(), "source": source, "config_sha256": new.sha256,
-                            "plan": summary}
+        self.last_reload = {
+            "ok": True,
+            "at": wall_clock(),
+            "source": source,
+            "config_sha256": new.sha256,
+            "plan": summary,
+        }
         return {"ok": True, "config_sha256": new.sha256, "plan": summary}
 
     # ---- state file -----------------------------------------------------------------------
@@ -271,11 +309,15 @@ class Daemon:
         return {
             "schema_version": SCHEMA_VERSION,
             "daemon": {
-                "running": running, "pid": os.getpid(), "start_time": self._start_time,
-                "version": __version__, "control_socket": str(self.control.path),
+                "running": running,
+                "pid": os.getpid(),
+                "start_time": self._start_time,
+                "version": __version__,
+                "control_socket": str(self.control.path),
                 "log_file": str(options.log_file) if options.log_file else None,
                 "log_file_id": log_file_id(),  # [device, inode] written to: `veloxd logs` compares
-                "worker_command": options.worker_command, "stopping": self._stopping,
+                "worker_command": options.worker_command,
+                "stopping": self._stopping,
             },
             "config_path": str(options.config_path),
             "config": self._config_as_dict(),  # secrets redacted
@@ -307,12 +349,14 @@ class Daemon:
         except OSError as err:
             error = f"{type(err).__name__}: {err.strerror or err}"
             if error != self._write_error:  # once per distinct error, not once per retry
-                self.log.error("state_write_failed", state_dir=str(self.options.state_dir), error=error,
-                               errno=err.errno)
+                self.log.error(
+                    "state_write_failed", state_dir=str(self.options.state_dir), error=error, errno=err.errno
+                )
             self._write_error = error
             return
         if self._write_error is not None:
-            self.log.info("state_write_recovered", state_dir=str(self.options.state_dir),
-                          previous_error=self._write_error)
+            self.log.info(
+                "state_write_recovered", state_dir=str(self.options.state_dir), previous_error=self._write_error
+            )
             self._write_error = None
         self._written = state

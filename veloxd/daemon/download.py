@@ -30,8 +30,17 @@ def worker_hub_env(model: str) -> dict[str, str]:
 
 
 def download_command(model: str, lifeline_fd: int) -> list[str]:
-    return [sys.executable, "-m", "veloxd", "pull", "--progress-json", "--model", model,
-            protocol.LIFELINE_FLAG, str(lifeline_fd)]
+    return [
+        sys.executable,
+        "-m",
+        "veloxd",
+        "pull",
+        "--progress-json",
+        "--model",
+        model,
+        protocol.LIFELINE_FLAG,
+        str(lifeline_fd),
+    ]
 
 
 class DownloadPhase:
@@ -75,15 +84,25 @@ class DownloadPhase:
         meter = self.meter
         eta = meter.eta()
         done_percent = percent(meter.done, meter.total) if meter.total else 0.0  # 0 until the files are listed
-        return {"done_bytes": meter.done, "total_bytes": meter.total, "percent": done_percent,
-                "rate_bps": round(meter.rate()), "eta_s": None if eta is None else round(eta, 1)}
+        return {
+            "done_bytes": meter.done,
+            "total_bytes": meter.total,
+            "percent": done_percent,
+            "rate_bps": round(meter.rate()),
+            "eta_s": None if eta is None else round(eta, 1),
+        }
 
     def finished(self, now: float) -> dict[str, Any]:
         """The fields of `server_downloaded`."""
         result = self.result or {}
-        return {"size_bytes": result.get("total_bytes", self.meter.total), "fetched_bytes": result.get("fetched_bytes"),
-                "resumed_from_bytes": self.local_bytes, "download_s": round(now - self.started, 3),
-                "revision": result.get("revision") or self.revision, "path": result.get("path")}
+        return {
+            "size_bytes": result.get("total_bytes", self.meter.total),
+            "fetched_bytes": result.get("fetched_bytes"),
+            "resumed_from_bytes": self.local_bytes,
+            "download_s": round(now - self.started, 3),
+            "revision": result.get("revision") or self.revision,
+            "path": result.get("path"),
+        }
 
     def failure_reason(self, exit: Mapping[str, Any]) -> tuple[str, str]:
         """(reason, message) of a failed run; a crash without a `failed` line is an `error`."""

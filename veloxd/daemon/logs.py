@@ -209,7 +209,9 @@ def configure_logging(
     shown = stdout_format(log_format, sys.stdout.isatty())
     if shown is not None:
         stream_handler = logging.StreamHandler(sys.stdout)
-        stream_handler.setFormatter(_console_formatter(use_colors(sys.stdout)) if shown == "console" else _json_formatter())
+        stream_handler.setFormatter(
+            _console_formatter(use_colors(sys.stdout)) if shown == "console" else _json_formatter()
+        )
         handlers.append(stream_handler)
     root = logging.getLogger()
     for old in list(root.handlers):

@@ -78,8 +78,12 @@ class OnDemand:
             return
         table = self.table()
         if table["always_over_budget"]:
-            self._log.warning("memory_overcommitted", budget=table["budget"], servers=table["always_over_budget"],
-                              needs={n: r["total"] for n, r in table["servers"].items() if r["start"] == "always"})
+            self._log.warning(
+                "memory_overcommitted",
+                budget=table["budget"],
+                servers=table["always_over_budget"],
+                needs={n: r["total"] for n, r in table["servers"].items() if r["start"] == "always"},
+            )
 
     # ---- control requests -----------------------------------------------------------------
     def handle(self, msg: m.GatewayViewRequested | m.StartRequested | m.UnloadRequested, now: float) -> None:
@@ -100,11 +104,17 @@ class OnDemand:
             servers[name] = {
                 "state": server.state.value if server is not None else "stopped",
                 "pid": server.pid if server is not None else None,
-                "host": entry.host, "port": entry.port, "model": entry.model, "method": entry.method,
-                "aliases": list(entry.aliases), "start": entry.start, "idle_unload_s": entry.idle_unload_s,
+                "host": entry.host,
+                "port": entry.port,
+                "model": entry.model,
+                "method": entry.method,
+                "aliases": list(entry.aliases),
+                "start": entry.start,
+                "idle_unload_s": entry.idle_unload_s,
                 "concurrency": entry.concurrency,
                 "upstream_token": _token(entry),  # the socket is the user's only (0600)
-                "need": self.need(entry).total, "fatal_reason": server.fatal_reason if server is not None else None,
+                "need": self.need(entry).total,
+                "fatal_reason": server.fatal_reason if server is not None else None,
             }
         gateway = config.gateway.to_dict() if config.gateway is not None else None
         return {"config_sha256": config.sha256, "gateway": gateway, "budget": self.budget(), "servers": servers}
@@ -126,8 +136,13 @@ class OnDemand:
             return {"ok": True, "state": server.state.value, "already": True}
         self._log.info("server_start_requested", server=name, by="gateway", unload=list(unload))
         for victim in unload:
-            self._log.info("server_unloaded", server=victim, reason="admission", pid=self.supervisor.servers[victim].pid,
-                           for_server=name)
+            self._log.info(
+                "server_unloaded",
+                server=victim,
+                reason="admission",
+                pid=self.supervisor.servers[victim].pid,
+                for_server=name,
+            )
         self.supervisor.begin(Rollout(stop=set(unload), start={name: None}, reason="on_demand"), now)
         return {"ok": True, "state": server.state.value}
 
@@ -145,8 +160,9 @@ class OnDemand:
         if server.state in (S.STOPPED, S.STOPPING):
             return {"ok": True, "state": server.state.value, "already": True}
         event = "server_idle_unloaded" if reason == "idle" else "server_unloaded"
-        self._log.info(event, server=name, reason=reason, pid=server.pid,
-                       idle_unload_s=self.config.servers[name].idle_unload_s)
+        self._log.info(
+            event, server=name, reason=reason, pid=server.pid, idle_unload_s=self.config.servers[name].idle_unload_s
+        )
         self.supervisor.begin(Rollout(stop={name}, start={}, reason=reason), now)
         return {"ok": True, "state": server.state.value}
 

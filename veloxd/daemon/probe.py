@@ -109,9 +109,7 @@ def health_ok(host: str, port: int, timeout: float = 1.0) -> bool:
         conn.close()
 
 
-def wait_healthy(
-    host: str, port: int, deadline: float, cancel: threading.Event, interval: float = 0.1
-) -> bool:
+def wait_healthy(host: str, port: int, deadline: float, cancel: threading.Event, interval: float = 0.1) -> bool:
     """Poll /health until 200 (True), `deadline` (monotonic) passes or `cancel` is set (False)."""
     while not cancel.is_set():
         remaining = deadline - time.monotonic()

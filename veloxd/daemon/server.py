@@ -36,7 +36,9 @@ EVENT_FOR_STATE = {
     S.STOPPING: "server_stopping",
     S.STOPPED: "server_stopped",
 }
-UNFIXABLE_EXIT = protocol.ExitCode.INVALID  # the worker's "invalid input or port in use", the download's "not found, gated...": final
+UNFIXABLE_EXIT = (
+    protocol.ExitCode.INVALID
+)  # the worker's "invalid input or port in use", the download's "not found, gated...": final
 
 
 class Spawner(Protocol):
@@ -238,8 +240,12 @@ class ServerProcess:
             return
         self._cancel_probe()
         tail = self.child.last_lines()
-        self.last_exit = {**describe_exit(returncode), "at": wall_clock(), "pid": self.child.pid,
-                          "error": error_line(tail)}
+        self.last_exit = {
+            **describe_exit(returncode),
+            "at": wall_clock(),
+            "pid": self.child.pid,
+            "error": error_line(tail),
+        }
         expected = self.state is S.STOPPING
         level = "info" if expected else "warning"
         getattr(self._log, level)(
@@ -253,12 +259,17 @@ class ServerProcess:
         reason = "ready_timeout" if self._timed_out else "exited"
         stderr = [line for line in tail.get("stderr", []) if line.strip()]
         exit_text = describe_exit(returncode)
-        self.last_error = stderr[-1] if stderr else f"{reason}: {exit_text['signal'] or 'code ' + str(exit_text['code'])}"
+        self.last_error = (
+            stderr[-1] if stderr else f"{reason}: {exit_text['signal'] or 'code ' + str(exit_text['code'])}"
+        )
         unfixable = self._refused
         if unfixable is None and returncode == UNFIXABLE_EXIT:
             said = self.last_exit.get("error")
-            unfixable = f"worker exited with code 2: {said}" if said else (
-                "worker exited with code 2 (invalid input or port in use; see last_lines)")
+            unfixable = (
+                f"worker exited with code 2: {said}"
+                if said
+                else ("worker exited with code 2 (invalid input or port in use; see last_lines)")
+            )
         self._fail(now, reason, unfixable, last_lines=tail)
 
     def _download_exited(self, returncode: int, now: float) -> None:
@@ -273,8 +284,15 @@ class ServerProcess:
         reason, message = phase.failure_reason(describe_exit(returncode))
         self.last_error = message
         self.last_exit = {**describe_exit(returncode), "at": wall_clock(), "pid": pid}
-        self._log.warning("server_download_failed", pid=pid, model=model, reason=reason, message=message,
-                          **describe_exit(returncode), last_lines=self.child.last_lines())
+        self._log.warning(
+            "server_download_failed",
+            pid=pid,
+            model=model,
+            reason=reason,
+            message=message,
+            **describe_exit(returncode),
+            last_lines=self.child.last_lines(),
+        )
         unfixable = message if returncode == UNFIXABLE_EXIT else None
         self._fail(now, "download_failed", unfixable, detail=message, download_reason=reason)
 
@@ -283,9 +301,7 @@ class ServerProcess:
         if self.state is S.STARTING and self.child is not None and not self._timed_out and now >= self._ready_deadline:
             self._timed_out = True  # the exit that follows becomes the failure
             self._cancel_probe()
-            self._log.warning(
-                "server_ready_timeout", pid=self.child.pid, ready_timeout_s=self.entry.ready_timeout_s
-            )
+            self._log.warning("server_ready_timeout", pid=self.child.pid, ready_timeout_s=self.entry.ready_timeout_s)
             self.child.signal_group(signal.SIGKILL)
         elif (self.state is S.BACKOFF and now >= self._retry_at) or (
             self.state is S.WAITING and now >= self._recheck_at
@@ -316,9 +332,7 @@ class ServerProcess:
             self._give_up(why, failures=decision.failures, failure=reason, **event)
             return
         self._retry_at = now + decision.delay_s
-        self._become(
-            S.BACKOFF, reason=reason, delay_s=decision.delay_s, failures=decision.failures, **event
-        )
+        self._become(S.BACKOFF, reason=reason, delay_s=decision.delay_s, failures=decision.failures, **event)
 
     def _give_up(self, reason: str, **event: Any) -> None:
         self.fatal_reason = reason

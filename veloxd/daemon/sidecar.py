@@ -45,12 +45,28 @@ class DashboardEntry:
 
     @classmethod
     def from_config(cls, block: Dashboard, state_dir: Path) -> DashboardEntry:
-        return cls(host=block.host, port=block.port, state_dir=str(state_dir), api_key_env=block.api_key_env,
-                   interval_s=block.interval_s, history=block.history)
+        return cls(
+            host=block.host,
+            port=block.port,
+            state_dir=str(state_dir),
+            api_key_env=block.api_key_env,
+            interval_s=block.interval_s,
+            history=block.history,
+        )
 
     def serve_argv(self) -> list[str]:
-        argv = ["--state-dir", self.state_dir, "--host", self.host, "--port", str(self.port),
-                "--interval-s", str(self.interval_s), "--history", str(self.history)]
+        argv = [
+            "--state-dir",
+            self.state_dir,
+            "--host",
+            self.host,
+            "--port",
+            str(self.port),
+            "--interval-s",
+            str(self.interval_s),
+            "--history",
+            str(self.history),
+        ]
         return argv + (["--api-key-env", self.api_key_env] if self.api_key_env else [])
 
 
@@ -83,5 +99,19 @@ class DashboardSidecar:
         if server is None:
             return None
         snap = server.snapshot()
-        return {key: snap[key] for key in ("state", "pid", "host", "port", "since", "restarts", "last_exit",
-                                           "last_error", "start_time", "pgid", "stop_timeout_s")}
+        return {
+            key: snap[key]
+            for key in (
+                "state",
+                "pid",
+                "host",
+                "port",
+                "since",
+                "restarts",
+                "last_exit",
+                "last_error",
+                "start_time",
+                "pgid",
+                "stop_timeout_s",
+            )
+        }

@@ -34,18 +34,23 @@ def ensure_state_dir(state_dir: Path) -> Path:
         state_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         info = state_dir.stat()
         if info.st_uid != os.getuid():
-            raise StartupError(f"state directory {state_dir} belongs to uid {info.st_uid}, not to you "
-                               f"(uid {os.getuid()}); use another --state-dir")
+            raise StartupError(
+                f"state directory {state_dir} belongs to uid {info.st_uid}, not to you "
+                f"(uid {os.getuid()}); use another --state-dir"
+            )
         if info.st_mode & 0o077:
             os.chmod(state_dir, 0o700)  # ours: keep others away from the control socket
         with tempfile.TemporaryFile(dir=state_dir):
             pass
     except FileExistsError:
-        raise StartupError(f"state directory {state_dir} exists but is not a directory; "
-                           "move it away or use another --state-dir") from None
+        raise StartupError(
+            f"state directory {state_dir} exists but is not a directory; move it away or use another --state-dir"
+        ) from None
     except OSError as err:
-        raise StartupError(f"state directory {state_dir} is not usable ({err.strerror or err}); "
-                           "fix its permissions, or use another --state-dir") from None
+        raise StartupError(
+            f"state directory {state_dir} is not usable ({err.strerror or err}); "
+            "fix its permissions, or use another --state-dir"
+        ) from None
     return state_dir
 
 
@@ -89,17 +94,17 @@ def acquire_lock(state_dir: Path) -> IO[str]:
     try:
         handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open for the daemon's life
     except OSError as err:
-        raise StartupError(f"cannot open the lock file {path}: {err.strerror or err}; "
-                           "fix the state directory's permissions, or use another --state-dir") from None
+        raise StartupError(
+            f"cannot open the lock file {path}: {err.strerror or err}; "
+            "fix the state directory's permissions, or use another --state-dir"
+        ) from None
     try:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.seek(0)
         holder = handle.read().strip() or "unknown pid"
         handle.close()
-        raise AlreadyRunning(
-            f"another veloxd daemon (pid {holder}) is running with state dir {state_dir}"
-        ) from None
+        raise AlreadyRunning(f"another veloxd daemon (pid {holder}) is running with state dir {state_dir}") from None
     handle.seek(0)
     handle.truncate()
     handle.write(str(os.getpid()))

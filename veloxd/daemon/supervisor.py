@@ -28,8 +28,15 @@ from veloxd.download.protocol import parse_line
 class WorkerSpawner:
     """Spawns `<worker command> <entry flags> --lifeline-fd N`; reports go to the loop's queue."""
 
-    def __init__(self, command: Sequence[str], lifeline: Lifeline, inbox: queue.SimpleQueue[Any], log: Any,
-                 env: dict[str, str] | None = None, event_log: Any = None):
+    def __init__(
+        self,
+        command: Sequence[str],
+        lifeline: Lifeline,
+        inbox: queue.SimpleQueue[Any],
+        log: Any,
+        env: dict[str, str] | None = None,
+        event_log: Any = None,
+    ):
         self.command = list(command)
         self._lifeline = lifeline
         self._inbox = inbox
@@ -241,9 +248,7 @@ class Supervisor:
                     if name in self.servers:
                         self.servers[name].stop(now)
             if any(
-                self.servers[name].state is not ServerState.STOPPED
-                for name in rollout.stop
-                if name in self.servers
+                self.servers[name].state is not ServerState.STOPPED for name in rollout.stop if name in self.servers
             ):
                 return
             self.rollouts.pop(0)

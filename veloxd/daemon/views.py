@@ -42,16 +42,18 @@ def _state_text(server: dict[str, Any]) -> str:
 def status_rows(state: dict[str, Any]) -> list[tuple[str, ...]]:
     rows: list[tuple[str, ...]] = []
     for name, server in (state.get("servers") or {}).items():
-        rows.append((
-            name,
-            _state_text(server) + (" (daemon down)" if not daemon_alive(state) and server.get("pid") else ""),
-            str(server.get("pid") or "-"),
-            str(server.get("port", "-")),
-            str(server.get("method", "-")),
-            str(server.get("since", "-")),
-            str(server.get("restarts", 0)),
-            _exit_text(server.get("last_exit")),
-        ))
+        rows.append(
+            (
+                name,
+                _state_text(server) + (" (daemon down)" if not daemon_alive(state) and server.get("pid") else ""),
+                str(server.get("pid") or "-"),
+                str(server.get("port", "-")),
+                str(server.get("method", "-")),
+                str(server.get("since", "-")),
+                str(server.get("restarts", 0)),
+                _exit_text(server.get("last_exit")),
+            )
+        )
     return rows
 
 
@@ -65,15 +67,23 @@ def render_status(state: dict[str, Any]) -> str:
     lines.append(f"config: {config}" + (f" (sha256 {sha[:12]})" if sha else " (no valid config: degraded)"))
     reload = state.get("last_reload")
     if reload:
-        verdict = "ok" if reload.get("ok") else (
-            "FAILED, kept the last good config" if reload.get("kept_config_sha256")
-            else "FAILED, and no config was valid before: no server runs")
+        verdict = (
+            "ok"
+            if reload.get("ok")
+            else (
+                "FAILED, kept the last good config"
+                if reload.get("kept_config_sha256")
+                else "FAILED, and no config was valid before: no server runs"
+            )
+        )
         lines.append(f"last reload: {verdict} at {reload.get('at')} ({reload.get('source')})")
         lines += [f"  {error}" for error in reload.get("errors") or []]
     dashboard = state.get("dashboard")
     if dashboard:
-        lines.append(f"dashboard: {dashboard.get('state')} at http://{dashboard.get('host')}:{dashboard.get('port')}/"
-                     + (f" (pid {dashboard['pid']})" if dashboard.get("pid") else ""))
+        lines.append(
+            f"dashboard: {dashboard.get('state')} at http://{dashboard.get('host')}:{dashboard.get('port')}/"
+            + (f" (pid {dashboard['pid']})" if dashboard.get("pid") else "")
+        )
     rows = status_rows(state)
     if not rows:
         lines.append("no servers")
@@ -87,8 +97,11 @@ def render_status(state: dict[str, Any]) -> str:
             lines.append(f"{name}: {server['fatal_reason']}")
         download = server.get("download")
         if server.get("state") == "downloading":
-            progress = summary(download["done_bytes"], download["total_bytes"], download["rate_bps"],
-                               download["eta_s"]) if download and download.get("total_bytes") else "listing files"
+            progress = (
+                summary(download["done_bytes"], download["total_bytes"], download["rate_bps"], download["eta_s"])
+                if download and download.get("total_bytes")
+                else "listing files"
+            )
             lines.append(f"{name}: downloading {server.get('model')}: {progress}")
         if server.get("waiting_reason") and server.get("state") == "waiting":
             lines.append(f"{name}: waiting: {server['waiting_reason']}")
@@ -141,8 +154,10 @@ def log_mismatch(state: dict[str, Any] | None, log_file: Path) -> str | None:
     if not log_file.exists():
         if not alive:
             return f"{log_file} does not exist, and no daemon is running with this state directory"
-        return (f"{log_file} does not exist (moved or deleted?); the daemon recreates it with its next "
-                "event, or at once on SIGHUP")
+        return (
+            f"{log_file} does not exist (moved or deleted?); the daemon recreates it with its next "
+            "event, or at once on SIGHUP"
+        )
     if state is None or not alive:
         return None
     daemon = state.get("daemon") or {}
@@ -154,8 +169,10 @@ def log_mismatch(state: dict[str, Any] | None, log_file: Path) -> str | None:
     except OSError:
         return None
     if ident and [info.st_dev, info.st_ino] != list(ident):
-        return (f"{log_file} is not the file the running daemon writes (it was moved or replaced); the daemon "
-                "reopens the path with its next event, or at once on SIGHUP")
+        return (
+            f"{log_file} is not the file the running daemon writes (it was moved or replaced); the daemon "
+            "reopens the path with its next event, or at once on SIGHUP"
+        )
     return None
 
 

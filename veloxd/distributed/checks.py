@@ -17,9 +17,11 @@ from veloxd.distributed.hostfile import Rank, parse_hostfile, ranks_from_hosts
 
 LOCAL = "127.0.0.1"  # the one name MLX's launcher starts without ssh
 Report = Callable[[tuple, str], None]
-PIPELINE_NEEDS_FP16 = ("pipeline parallelism serves only method fp16: mlx_lm 0.32 chains each pipeline stage's "
-                       "send to its last layer's fp16 cache (`cache.keys`), which a compressed cache does not "
-                       "expose; use parallelism: tensor for a compressed cache")
+PIPELINE_NEEDS_FP16 = (
+    "pipeline parallelism serves only method fp16: mlx_lm 0.32 chains each pipeline stage's "
+    "send to its last layer's fp16 cache (`cache.keys`), which a compressed cache does not "
+    "expose; use parallelism: tensor for a compressed cache"
+)
 
 
 def is_this_machine(address: str) -> bool:
@@ -67,8 +69,11 @@ def check_distributed(data: dict[str, Any], base_dir: Path, report: Report) -> N
     else:
         ranks, at = ranks_from_hosts(hosts), where + ("hosts",)
         if backend == "jaccl":
-            report(where + ("backend",), "backend jaccl needs a hostfile with the RDMA devices "
-                                        "(write one with mlx.distributed_config), not a hosts list")
+            report(
+                where + ("backend",),
+                "backend jaccl needs a hostfile with the RDMA devices "
+                "(write one with mlx.distributed_config), not a hosts list",
+            )
             return
     _check_ranks(ranks, backend, at, hostfile is None, report)
     for name in ("python", "cwd"):
@@ -88,23 +93,34 @@ def _check_ranks(ranks: list[Rank], backend: str, at: tuple, listed: bool, repor
 
     first = ranks[0]
     if first.ssh != LOCAL and not is_this_machine(first.ssh) and not any(is_this_machine(ip) for ip in first.ips):
-        report(place(0), f"rank 0 ({first.ssh}) must be this machine: it serves the HTTP API the daemon "
-                         "checks and clients call")
+        report(
+            place(0),
+            f"rank 0 ({first.ssh}) must be this machine: it serves the HTTP API the daemon checks and clients call",
+        )
     if backend == "ring":
         for index, rank in enumerate(ranks):
             if not rank.ips:
-                report(place(index), f"the ring backend needs an IP address for rank {index}, not the name "
-                                     f"{rank.ssh!r} (MLX's launcher connects the ranks by address)")
+                report(
+                    place(index),
+                    f"the ring backend needs an IP address for rank {index}, not the name "
+                    f"{rank.ssh!r} (MLX's launcher connects the ranks by address)",
+                )
         remote = any(r.ssh != LOCAL for r in ranks[1:])
         if remote and first.ips and ipaddress.ip_address(first.ips[0]).is_loopback:
-            report(place(0), "rank 0 is reachable only on loopback, but other ranks run on other machines: use a "
-                             "hostfile with {\"ssh\": \"127.0.0.1\", \"ips\": [<this Mac's address>]} for rank 0")
+            report(
+                place(0),
+                "rank 0 is reachable only on loopback, but other ranks run on other machines: use a "
+                'hostfile with {"ssh": "127.0.0.1", "ips": [<this Mac\'s address>]} for rank 0',
+            )
     elif backend == "jaccl":
         n = len(ranks)
         for index, rank in enumerate(ranks):
             if len(rank.rdma) != n or rank.rdma[index] is not None:
-                report(place(index), f"jaccl: host {index} needs 'rdma' with {n} entries, null at its own "
-                                     "position (mlx.distributed_config writes them)")
+                report(
+                    place(index),
+                    f"jaccl: host {index} needs 'rdma' with {n} entries, null at its own "
+                    "position (mlx.distributed_config writes them)",
+                )
         if not first.ips:
             report(place(0), "jaccl: rank 0 needs an IP address the other ranks can reach (its 'ips')")
 
@@ -123,16 +139,22 @@ def _check_model_shards(model: str, ranks: int, parallelism: str, at: tuple, rep
         for key in ("num_attention_heads", "num_key_value_heads"):
             heads = config.get(key)
             if isinstance(heads, int) and heads % ranks:
-                report(at, f"tensor parallelism splits the heads evenly: {key}={heads} of {config_file} "
-                           f"does not divide by {ranks} ranks (use a rank count that divides it, or pipeline)")
+                report(
+                    at,
+                    f"tensor parallelism splits the heads evenly: {key}={heads} of {config_file} "
+                    f"does not divide by {ranks} ranks (use a rank count that divides it, or pipeline)",
+                )
                 return
     else:
         layers = config.get("num_hidden_layers")
         if isinstance(layers, int) and layers < ranks:
             report(at, f"pipeline parallelism needs a layer per rank: {config_file} has {layers} for {ranks} ranks")
         if not (Path(model) / "model.safetensors.index.json").is_file():
-            report(at, f"pipeline parallelism loads each rank's layers through model.safetensors.index.json, "
-                       f"which {model} lacks (use tensor, or a checkpoint saved by mlx_lm.convert)")
+            report(
+                at,
+                f"pipeline parallelism loads each rank's layers through model.safetensors.index.json, "
+                f"which {model} lacks (use tensor, or a checkpoint saved by mlx_lm.convert)",
+            )
 
 
 def port_conflicts(raw_servers: dict[str, Any]) -> list[tuple[str, str]]:
@@ -158,8 +180,12 @@ def port_conflicts(raw_servers: dict[str, Any]) -> list[tuple[str, str]]:
             if low <= last and first <= high:
                 whose = "this server's own port" if other == name else f"server '{other}'"
                 ports = f"{low}-{high}" if high != low else str(low)
-                conflicts.append((name, f"distributed.port: the ranks listen on {first}-{last}, which overlaps "
-                                        f"port {ports} of {whose}"))
+                conflicts.append(
+                    (
+                        name,
+                        f"distributed.port: the ranks listen on {first}-{last}, which overlaps port {ports} of {whose}",
+                    )
+                )
                 break
         taken.append((name, first, last))
     return conflicts

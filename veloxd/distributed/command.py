@@ -41,8 +41,17 @@ def group_argv(entry: Any, worker_command: Sequence[str], lifeline_fd: int) -> l
     if block.python is not None:
         rank_command[0] = block.python
     rank_command += [*entry.serve_argv(), "--distributed", block.parallelism, "--lifeline-fd", "0"]
-    argv = [sys.executable, "-m", "veloxd.distributed.launcher", "--lifeline-fd", str(lifeline_fd),
-            "--backend", block.backend, "--starting-port", str(block.port)]
+    argv = [
+        sys.executable,
+        "-m",
+        "veloxd.distributed.launcher",
+        "--lifeline-fd",
+        str(lifeline_fd),
+        "--backend",
+        block.backend,
+        "--starting-port",
+        str(block.port),
+    ]
     argv += ["--hosts", ",".join(block.hosts)] if block.hosts is not None else ["--hostfile", block.hostfile]
     if block.cwd is not None:
         argv += ["--cwd", block.cwd]

@@ -49,7 +49,9 @@ def hub_cache_dir(env: Mapping[str, str] | None = None) -> Path:
     for name in ("HF_HUB_CACHE", "HUGGINGFACE_HUB_CACHE"):
         if env.get(name):
             return Path(os.path.expandvars(os.path.expanduser(env[name])))
-    home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface")
+    home = env.get("HF_HOME") or os.path.join(
+        env.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache"), "huggingface"
+    )
     return Path(os.path.expandvars(os.path.expanduser(home))) / "hub"
 
 

@@ -63,8 +63,14 @@ def pull(repo_id: str, on_event: Event, interval: float = 1.0, workers: int = WO
     listing = hub.list_model(repo_id)
     local = sum(listing.on_disk(f) for f in listing.files)
     check_space(listing, listing.total - local)
-    on_event("plan", model=repo_id, revision=listing.commit, files=len(listing.files),
-             total_bytes=listing.total, local_bytes=local)
+    on_event(
+        "plan",
+        model=repo_id,
+        revision=listing.commit,
+        files=len(listing.files),
+        total_bytes=listing.total,
+        local_bytes=local,
+    )
     done = _Bytes(local)
     meter = Meter(listing.total)
     ticking = threading.Event()
@@ -82,7 +88,9 @@ def pull(repo_id: str, on_event: Event, interval: float = 1.0, workers: int = WO
         ticker.join()
     _progress(on_event, meter, done.value)
     path = hub.file_snapshot(listing)
-    pulled = Pulled(repo_id, listing.commit, path, listing.total, max(0, done.value - local), time.monotonic() - started)
+    pulled = Pulled(
+        repo_id, listing.commit, path, listing.total, max(0, done.value - local), time.monotonic() - started
+    )
     return _finish(on_event, pulled)
 
 
@@ -114,13 +122,25 @@ def _fetch_all(listing: Listing, done: _Bytes, workers: int) -> None:
 def _progress(on_event: Event, meter: Meter, done: int) -> None:
     meter.update(time.monotonic(), done)
     eta = meter.eta()
-    on_event("progress", done_bytes=done, total_bytes=meter.total, rate_bps=round(meter.rate()),
-             eta_s=None if eta is None else round(eta, 1))
+    on_event(
+        "progress",
+        done_bytes=done,
+        total_bytes=meter.total,
+        rate_bps=round(meter.rate()),
+        eta_s=None if eta is None else round(eta, 1),
+    )
 
 
 def _finish(on_event: Event, pulled: Pulled) -> Pulled:
-    on_event("done", model=pulled.repo_id, revision=pulled.revision, path=str(pulled.path),
-             total_bytes=pulled.total_bytes, fetched_bytes=pulled.fetched_bytes, seconds=round(pulled.seconds, 3))
+    on_event(
+        "done",
+        model=pulled.repo_id,
+        revision=pulled.revision,
+        path=str(pulled.path),
+        total_bytes=pulled.total_bytes,
+        fetched_bytes=pulled.fetched_bytes,
+        seconds=round(pulled.seconds, 3),
+    )
     return pulled
 
 

@@ -115,15 +115,21 @@ def list_model(repo_id: str) -> Listing:
             if meta.etag is None or size is None:
                 raise DownloadError("error", f"{endpoint} gave no ETag or size for {repo_id}/{sibling.rfilename}")
             location = meta.location or url
-            files.append(RemoteFile(sibling.rfilename, size, meta.etag, location,
-                                    urlsplit(location).netloc == urlsplit(url).netloc))
+            files.append(
+                RemoteFile(
+                    sibling.rfilename, size, meta.etag, location, urlsplit(location).netloc == urlsplit(url).netloc
+                )
+            )
     except DownloadError:
         raise
     except Exception as err:
         raise classify(err, repo_id) from err
     if not files:
-        raise DownloadError("not_found", f"{repo_id} on {endpoint} has no files mlx_lm can load (no config.json, "
-                                         "model*.safetensors, tokenizer...): is it an MLX model? Check `model:`")
+        raise DownloadError(
+            "not_found",
+            f"{repo_id} on {endpoint} has no files mlx_lm can load (no config.json, "
+            "model*.safetensors, tokenizer...): is it an MLX model? Check `model:`",
+        )
     storage = Path(constants.HF_HUB_CACHE).expanduser() / ("models--" + repo_id.replace("/", "--"))
     return Listing(repo_id, commit, sorted(files, key=lambda f: -f.size), storage)
 
@@ -177,8 +183,13 @@ def fetch(listing: Listing, file: RemoteFile, on_bytes: Callable[[int], None], c
                     handle.truncate(0)
                     on_bytes(-resume)
                     resume = 0
-                http_get(file.url, _Counting(handle, on_bytes, cancelled),  # type: ignore[arg-type]
-                         resume_size=resume, headers=headers, expected_size=file.size)
+                http_get(
+                    file.url,
+                    _Counting(handle, on_bytes, cancelled),  # type: ignore[arg-type]
+                    resume_size=resume,
+                    headers=headers,
+                    expected_size=file.size,
+                )
             os.replace(partial, blob)
     except (DownloadError, Cancelled):
         raise
@@ -210,29 +221,46 @@ def classify(err: BaseException, repo_id: str) -> DownloadError:
     if isinstance(err, OfflineModeIsEnabled):
         return DownloadError("offline", offline_message(repo_id))
     if isinstance(err, GatedRepoError):
-        return DownloadError("gated", f"{repo_id} is a gated model ({token}): accept its terms at {page} while "
-                                      "logged in, then give veloxd a token of that account (HF_TOKEN in the "
-                                      "entry's env: or the daemon's environment, or `hf auth login`)")
+        return DownloadError(
+            "gated",
+            f"{repo_id} is a gated model ({token}): accept its terms at {page} while "
+            "logged in, then give veloxd a token of that account (HF_TOKEN in the "
+            "entry's env: or the daemon's environment, or `hf auth login`)",
+        )
     if isinstance(err, (RepositoryNotFoundError, RevisionNotFoundError, DisabledRepoError)):
-        return DownloadError("not_found", f"{endpoint} has no model {repo_id} ({token}): check `model:` in "
-                                          "veloxd.yaml; for a private model, set HF_TOKEN to a token that can read it")
+        return DownloadError(
+            "not_found",
+            f"{endpoint} has no model {repo_id} ({token}): check `model:` in "
+            "veloxd.yaml; for a private model, set HF_TOKEN to a token that can read it",
+        )
     if isinstance(err, HfHubHTTPError) and err.response is not None:
         status = err.response.status_code
         if status == 404:
-            return DownloadError("not_found", f"{endpoint} has no model {repo_id} (HTTP 404): check `model:` in veloxd.yaml")
+            return DownloadError(
+                "not_found", f"{endpoint} has no model {repo_id} (HTTP 404): check `model:` in veloxd.yaml"
+            )
         if status in (401, 403):
-            return DownloadError("unauthorized", f"{endpoint} refused access to {repo_id} (HTTP {status}, {token}): "
-                                                 "check that HF_TOKEN is valid and may read this model")
+            return DownloadError(
+                "unauthorized",
+                f"{endpoint} refused access to {repo_id} (HTTP {status}, {token}): "
+                "check that HF_TOKEN is valid and may read this model",
+            )
         return DownloadError("network", f"{endpoint} failed while downloading {repo_id} (HTTP {status}); retrying")
     if isinstance(err, httpx2.TransportError):
-        return DownloadError("network", f"cannot reach {endpoint} to download {repo_id} "
-                                        f"({type(err).__name__}: {err}); retrying")
+        return DownloadError(
+            "network", f"cannot reach {endpoint} to download {repo_id} ({type(err).__name__}: {err}); retrying"
+        )
     if isinstance(err, OSError) and err.errno in (errno.ENOSPC, errno.EDQUOT):
-        return DownloadError("no_space", f"the disk filled up while downloading {repo_id} into "
-                                         f"{constants.HF_HUB_CACHE}: free space, or set HF_HUB_CACHE to a larger disk")
+        return DownloadError(
+            "no_space",
+            f"the disk filled up while downloading {repo_id} into "
+            f"{constants.HF_HUB_CACHE}: free space, or set HF_HUB_CACHE to a larger disk",
+        )
     return DownloadError("error", f"downloading {repo_id} failed: {type(err).__name__}: {err}")
 
 
 def offline_message(repo_id: str) -> str:
-    return (f"{repo_id} is not complete in the local cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set, "
-            "which forbids downloading it: run `veloxd pull` with network access, or unset HF_HUB_OFFLINE")
+    return (
+        f"{repo_id} is not complete in the local cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE is set, "
+        "which forbids downloading it: run `veloxd pull` with network access, or unset HF_HUB_OFFLINE"
+    )

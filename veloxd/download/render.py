@@ -65,8 +65,17 @@ class ProgressBar:
 
         if event == "plan":
             self.close()
-            self._bar = tqdm(total=f["total_bytes"], initial=f["local_bytes"], unit="B", unit_scale=True,
-                             unit_divisor=1000, desc=self.label, file=self.out, dynamic_ncols=True, mininterval=0.2)
+            self._bar = tqdm(
+                total=f["total_bytes"],
+                initial=f["local_bytes"],
+                unit="B",
+                unit_scale=True,
+                unit_divisor=1000,
+                desc=self.label,
+                file=self.out,
+                dynamic_ncols=True,
+                mininterval=0.2,
+            )
         elif event == "progress" and self._bar is not None:
             self._bar.update(f["done_bytes"] - self._bar.n)
         elif event == "done":

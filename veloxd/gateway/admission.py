@@ -35,8 +35,10 @@ class Refuse:
     reason: str
 
     def message(self, name: str) -> str:
-        return (f"cannot start '{name}': it needs {self.need} bytes, the memory budget is {self.budget} bytes "
-                f"and {self.in_use} are in use ({self.reason})")
+        return (
+            f"cannot start '{name}': it needs {self.need} bytes, the memory budget is {self.budget} bytes "
+            f"and {self.in_use} are in use ({self.reason})"
+        )
 
 
 def admit(name: str, need: int, residents: Sequence[Resident], budget: int | None) -> Admit | Refuse:
@@ -65,5 +67,8 @@ def admit(name: str, need: int, residents: Sequence[Resident], budget: int | Non
 
 def idle(residents: Iterable[Resident], now: float) -> list[str]:
     """On-demand servers without requests for at least their idle_unload_s."""
-    return [r.name for r in residents
-            if r.on_demand and not r.busy and r.idle_unload_s is not None and now - r.last_used >= r.idle_unload_s]
+    return [
+        r.name
+        for r in residents
+        if r.on_demand and not r.busy and r.idle_unload_s is not None and now - r.last_used >= r.idle_unload_s
+    ]

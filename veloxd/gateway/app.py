@@ -61,13 +61,18 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
         return await handler(request)
     expected = os.environ.get(variable)
     if not expected:
-        return error_response(503, f"gateway.api_key_env names {variable}, which is not set in the daemon's "
-                              "environment: every request is refused until it is", "gateway_misconfigured")
+        return error_response(
+            503,
+            f"gateway.api_key_env names {variable}, which is not set in the daemon's "
+            "environment: every request is refused until it is",
+            "gateway_misconfigured",
+        )
     scheme, _, supplied = request.headers.get("Authorization", "").strip().partition(" ")
     if scheme.lower() == "bearer" and hmac.compare_digest(supplied.strip().encode(), expected.encode()):
         return await handler(request)
-    return error_response(401, "missing or wrong bearer token", "invalid_api_key",
-                          headers={"WWW-Authenticate": "Bearer"})
+    return error_response(
+        401, "missing or wrong bearer token", "invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
+    )
 
 
 async def health(request: web.Request) -> web.Response:
@@ -75,9 +80,18 @@ async def health(request: web.Request) -> web.Response:
 
 
 def _model_card(app: web.Application, name: str, server: dict[str, Any]) -> dict[str, Any]:
-    return {"id": name, "object": "model", "created": app[CREATED], "owned_by": "veloxd",
-            "state": server["state"], "start": server["start"], "aliases": server["aliases"],
-            "model": server["model"], "method": server["method"], "need_bytes": server.get("need")}
+    return {
+        "id": name,
+        "object": "model",
+        "created": app[CREATED],
+        "owned_by": "veloxd",
+        "state": server["state"],
+        "start": server["start"],
+        "aliases": server["aliases"],
+        "model": server["model"],
+        "method": server["method"],
+        "need_bytes": server.get("need"),
+    }
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -98,8 +112,13 @@ def _unknown_model(fleet: Fleet, model: Any) -> web.Response:
     names = list(fleet.servers)
     aliases = sorted(a for server in fleet.servers.values() for a in server.get("aliases") or ())
     also = f" (aliases: {', '.join(aliases)})" if aliases else ""
-    return error_response(404, f"model {model!r} not found; valid models: {', '.join(names) or 'none'}{also}",
-                          "model_not_found", valid=names, aliases=aliases)
+    return error_response(
+        404,
+        f"model {model!r} not found; valid models: {', '.join(names) or 'none'}{also}",
+        "model_not_found",
+        valid=names,
+        aliases=aliases,
+    )
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes | None:
@@ -136,16 +155,21 @@ async def _complete(request: web.Request, record: RequestRecord) -> web.StreamRe
     limit = int(fleet.settings.get("max_body_bytes") or CLIENT_MAX_SIZE)
     body = await _read_body(request, limit)
     if body is None:
-        return error_response(413, f"request body larger than gateway.max_body_bytes ({limit} bytes)",
-                              "request_too_large")
+        return error_response(
+            413, f"request body larger than gateway.max_body_bytes ({limit} bytes)", "request_too_large"
+        )
     try:
         payload = json.loads(body)
     except ValueError as err:
         return error_response(400, f"request body is not JSON: {err}", "invalid_json")
     model = payload.get("model") if isinstance(payload, dict) else None
     if not isinstance(model, str):
-        return error_response(400, f"request has no 'model'; valid models: {', '.join(fleet.servers)}",
-                              "model_required", valid=list(fleet.servers))
+        return error_response(
+            400,
+            f"request has no 'model'; valid models: {', '.join(fleet.servers)}",
+            "model_required",
+            valid=list(fleet.servers),
+        )
     record.model, record.stream = model, bool(payload.get("stream"))
     name = fleet.resolve(model)
     if name is None:
@@ -167,8 +191,9 @@ async def _complete(request: web.Request, record: RequestRecord) -> web.StreamRe
         slot.last_used = fleet.clock()
 
 
-async def _forward_when_ready(request: web.Request, fleet: Fleet, name: str, body: bytes,
-                              record: RequestRecord) -> web.StreamResponse:
+async def _forward_when_ready(
+    request: web.Request, fleet: Fleet, name: str, body: bytes, record: RequestRecord
+) -> web.StreamResponse:
     deadline = fleet.clock() + fleet.start_timeout_s()
     slot = fleet.slot(name)
     while True:
@@ -179,15 +204,25 @@ async def _forward_when_ready(request: web.Request, fleet: Fleet, name: str, bod
             if server is None:
                 raise Unavailable(f"server '{name}' was removed from the config")
             try:
-                return await forward(request, _host(server["host"]), server["port"], body,
-                                     server.get("upstream_token"), record, request.app[SPARES])
+                return await forward(
+                    request,
+                    _host(server["host"]),
+                    server["port"],
+                    body,
+                    server.get("upstream_token"),
+                    record,
+                    request.app[SPARES],
+                )
             except UpstreamUnreachable:
                 fleet.mark_unreachable(name)  # died or unloaded since the last view: wait for it again
             except UpstreamLost as err:
                 if not await fleet.process_replaced(name, server.get("pid")):
                     record.error = f"upstream: {err}"
-                    return error_response(502, f"the server for '{name}' closed the connection before answering "
-                                          f"({err})", "upstream_failed")
+                    return error_response(
+                        502,
+                        f"the server for '{name}' closed the connection before answering ({err})",
+                        "upstream_failed",
+                    )
         if fleet.clock() >= deadline:
             raise Unavailable(f"server '{name}' is not reachable", retry_after_s=5)
         await asyncio.sleep(RETRY_PAUSE_S)

@@ -84,8 +84,13 @@ class Fleet:
             limit = int(server.get("concurrency") or 1)
             if slot is None or slot.limit != limit:  # requests holding the old semaphore finish under it
                 busy = slot.in_flight if slot else 0
-                slot = self.slots[name] = Slot(limit, asyncio.Semaphore(limit), slot.last_used if slot else now,
-                                               in_flight=busy, state=slot.state if slot else "stopped")
+                slot = self.slots[name] = Slot(
+                    limit,
+                    asyncio.Semaphore(limit),
+                    slot.last_used if slot else now,
+                    in_flight=busy,
+                    state=slot.state if slot else "stopped",
+                )
             if server["state"] != slot.state and server["state"] in ("starting", "ready"):
                 slot.last_used = max(slot.last_used, now)  # idle time counts from the (re)start
             slot.state = server["state"]
@@ -160,8 +165,9 @@ class Fleet:
             await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - self.clock()))
         except TimeoutError:
             state = self.servers.get(name, {}).get("state", "unknown")
-            raise Unavailable(f"server '{name}' is not ready yet (state {state}); retry later",
-                              retry_after_s=5, state=state) from None
+            raise Unavailable(
+                f"server '{name}' is not ready yet (state {state}); retry later", retry_after_s=5, state=state
+            ) from None
         finally:
             self._waiting -= 1
 
@@ -178,8 +184,9 @@ class Fleet:
             if state == "ready":
                 return
             if state == "fatal":
-                raise Unavailable(f"server '{name}' failed and is stopped (fatal): {server.get('fatal_reason')}",
-                                  state=state)
+                raise Unavailable(
+                    f"server '{name}' failed and is stopped (fatal): {server.get('fatal_reason')}", state=state
+                )
             if state == "stopped" and name not in self._pending:
                 if server.get("start") != "on_demand":
                     raise Unavailable(f"server '{name}' is stopped", retry_after_s=5, state=state)
@@ -192,10 +199,18 @@ class Fleet:
             need = server.get("need") or 0
             decision = admission.admit(name, need, self.residents(), self.view.get("budget"))
             if isinstance(decision, admission.Refuse):
-                emit("admission_refused", "warning", server=name, need=decision.need, budget=decision.budget,
-                     in_use=decision.in_use, reason=decision.reason)
-                raise Unavailable(decision.message(name), need=decision.need, budget=decision.budget,
-                                  in_use=decision.in_use)
+                emit(
+                    "admission_refused",
+                    "warning",
+                    server=name,
+                    need=decision.need,
+                    budget=decision.budget,
+                    in_use=decision.in_use,
+                    reason=decision.reason,
+                )
+                raise Unavailable(
+                    decision.message(name), need=decision.need, budget=decision.budget, in_use=decision.in_use
+                )
             for victim in decision.unload:
                 self.slots[victim].unloading = True
             answer = await self.link.start(name, decision.unload)
@@ -211,18 +226,25 @@ class Fleet:
             if server["state"] == "stopped" and name not in self._pending:
                 continue
             slot = self.slots.get(name)
-            out.append(admission.Resident(
-                name=name, need=int(server.get("need") or 0), on_demand=server.get("start") == "on_demand",
-                busy=bool(slot and slot.in_flight) or name in self._pending or name in self._active_starts(),
-                last_used=slot.last_used if slot else 0.0, idle_unload_s=server.get("idle_unload_s")))
+            out.append(
+                admission.Resident(
+                    name=name,
+                    need=int(server.get("need") or 0),
+                    on_demand=server.get("start") == "on_demand",
+                    busy=bool(slot and slot.in_flight) or name in self._pending or name in self._active_starts(),
+                    last_used=slot.last_used if slot else 0.0,
+                    idle_unload_s=server.get("idle_unload_s"),
+                )
+            )
         return out
 
     def _active_starts(self) -> set[str]:
         return {n for n, t in self._starts.items() if not t.done()}
 
     async def _unload_idle(self) -> None:
-        ready = [r for r in self.residents() if self.servers[r.name]["state"] == "ready"
-                 and not self.slots[r.name].unloading]
+        ready = [
+            r for r in self.residents() if self.servers[r.name]["state"] == "ready" and not self.slots[r.name].unloading
+        ]
         for name in admission.idle(ready, self.clock()):
             self.slots[name].unloading = True
             answer = await self.link.unload(name, "idle")

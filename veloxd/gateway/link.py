@@ -21,7 +21,8 @@ class DaemonLink:
     async def request(self, payload: dict[str, Any]) -> dict[str, Any]:
         try:
             reader, writer = await asyncio.wait_for(
-                asyncio.open_unix_connection(self.socket_path, limit=READ_LIMIT), self.timeout_s)
+                asyncio.open_unix_connection(self.socket_path, limit=READ_LIMIT), self.timeout_s
+            )
         except (TimeoutError, OSError) as err:
             raise DaemonGone(f"cannot reach the daemon on {self.socket_path}: {err}") from None
         try:

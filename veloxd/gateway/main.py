@@ -30,6 +30,7 @@ async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     if lifeline_fd is not None:
+
         def on_lifeline() -> None:
             with contextlib.suppress(OSError):
                 if os.read(lifeline_fd, 64):
@@ -53,8 +54,16 @@ async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None)
         await runner.cleanup()
         return 2
     poller = asyncio.create_task(fleet.poll_forever())
-    payload = {"schema_version": 1, "model": "-", "method": "gateway", "host": host, "port": port, "pid": os.getpid(),
-               "endpoints": {"openai_base_url": f"http://{host}:{port}/v1"}, "servers": sorted(fleet.servers)}
+    payload = {
+        "schema_version": 1,
+        "model": "-",
+        "method": "gateway",
+        "host": host,
+        "port": port,
+        "pid": os.getpid(),
+        "endpoints": {"openai_base_url": f"http://{host}:{port}/v1"},
+        "servers": sorted(fleet.servers),
+    }
     print(READY_PREFIX + json.dumps(payload), flush=True)
     await stop.wait()
     poller.cancel()
@@ -65,7 +74,8 @@ async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None)
 def run(host: str, port: int, lifeline_fd: int | None) -> int:
     socket_path = os.environ.get("VELOXD_CONTROL_SOCKET")
     if not socket_path:
-        print("veloxd gateway: error: VELOXD_CONTROL_SOCKET is not set (the daemon starts the gateway)",
-              file=sys.stderr)
+        print(
+            "veloxd gateway: error: VELOXD_CONTROL_SOCKET is not set (the daemon starts the gateway)", file=sys.stderr
+        )
         return 2
     return asyncio.run(serve(host, port, socket_path, lifeline_fd))

@@ -92,16 +92,27 @@ def entry_need(entry: Any, measured: Mapping[str, Any] | None) -> Need:
         if weights is None:
             source = "unknown"
     kv = measured.get("kv_bytes_per_token")
-    return Need(weights_bytes=weights, weights_source=source,
-                kv_bytes_per_token=float(kv) if isinstance(kv, (int, float)) else None,
-                context_tokens=context_tokens(entry.model), concurrency=int(entry.concurrency))
+    return Need(
+        weights_bytes=weights,
+        weights_source=source,
+        kv_bytes_per_token=float(kv) if isinstance(kv, (int, float)) else None,
+        context_tokens=context_tokens(entry.model),
+        concurrency=int(entry.concurrency),
+    )
 
 
-def memory_table(servers: Mapping[str, Any], states: Mapping[str, str], need: Callable[[Any], Need],
-                 budget: int | None, budget_source: str) -> dict[str, Any]:
+def memory_table(
+    servers: Mapping[str, Any],
+    states: Mapping[str, str],
+    need: Callable[[Any], Need],
+    budget: int | None,
+    budget_source: str,
+) -> dict[str, Any]:
     """Every entry's need and state, the budget, what running entries use, and `always` entries over budget."""
-    rows = {name: {**need(entry).to_dict(), "state": states.get(name, "stopped"), "start": entry.start}
-            for name, entry in servers.items()}
+    rows = {
+        name: {**need(entry).to_dict(), "state": states.get(name, "stopped"), "start": entry.start}
+        for name, entry in servers.items()
+    }
     in_use = sum(r["total"] or 0 for r in rows.values() if r["state"] != "stopped")
     over, total = [], 0
     for name, row in rows.items():
@@ -109,8 +120,13 @@ def memory_table(servers: Mapping[str, Any], states: Mapping[str, str], need: Ca
             total += row["total"] or 0
             if budget is not None and total > budget:
                 over.append(name)
-    return {"budget": budget, "budget_source": budget_source, "in_use": in_use, "servers": rows,
-            "always_over_budget": over}
+    return {
+        "budget": budget,
+        "budget_source": budget_source,
+        "in_use": in_use,
+        "servers": rows,
+        "always_over_budget": over,
+    }
 
 
 def budget_for(gateway: Any, measurements: Mapping[str, Any]) -> tuple[int | None, str]:
@@ -120,25 +136,36 @@ def budget_for(gateway: Any, measurements: Mapping[str, Any]) -> tuple[int | Non
     working_set = measurements.get("recommended_working_set_bytes")
     budget = default_budget(physical_memory(), working_set if isinstance(working_set, int) else None)
     return budget, f"default: {int(BUDGET_FRACTION * 100)}% of physical memory" + (
-        " or MLX's recommended working set" if working_set else "")
+        " or MLX's recommended working set" if working_set else ""
+    )
 
 
 def render_table(table: Mapping[str, Any]) -> list[str]:
     """The memory table as text lines (`veloxd status`, `veloxd plan`)."""
-    lines = [f"memory: budget {gib(table['budget'])} ({table['budget_source']}), "
-             f"in use {gib(table['in_use'])}"]
+    lines = [f"memory: budget {gib(table['budget'])} ({table['budget_source']}), in use {gib(table['in_use'])}"]
     header = ("NAME", "START", "STATE", "NEED", "WEIGHTS", "KV/TOKEN", "CONTEXT", "CONCURRENCY")
     rows = [header]
     for name, row in table["servers"].items():
         kv = f"{row['kv_bytes_per_token']:.0f} B" if row["kv_bytes_per_token"] is not None else "unmeasured"
-        rows.append((name, row["start"], row["state"], gib(row["total"]),
-                     f"{gib(row['weights_bytes'])} ({row['weights_source']})", kv, str(row["context_tokens"]),
-                     str(row["concurrency"])))
+        rows.append(
+            (
+                name,
+                row["start"],
+                row["state"],
+                gib(row["total"]),
+                f"{gib(row['weights_bytes'])} ({row['weights_source']})",
+                kv,
+                str(row["context_tokens"]),
+                str(row["concurrency"]),
+            )
+        )
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
     lines += ["  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
     if table["always_over_budget"]:
-        lines.append("warning: servers with start: always do not fit the budget from "
-                     f"{table['always_over_budget'][0]} on: {', '.join(table['always_over_budget'])}")
+        lines.append(
+            "warning: servers with start: always do not fit the budget from "
+            f"{table['always_over_budget'][0]} on: {', '.join(table['always_over_budget'])}"
+        )
     return lines
 
 

@@ -32,8 +32,15 @@ def upstream_headers(request: web.Request, token: str | None) -> dict[str, str]:
     return headers
 
 
-async def forward(request: web.Request, host: str, port: int, body: bytes, token: str | None,
-                  record: RequestRecord, spares: upstream.Spares | None = None) -> web.StreamResponse:
+async def forward(
+    request: web.Request,
+    host: str,
+    port: int,
+    body: bytes,
+    token: str | None,
+    record: RequestRecord,
+    spares: upstream.Spares | None = None,
+) -> web.StreamResponse:
     """The worker's answer to `body`; raises UpstreamUnreachable / UpstreamLost before any answer."""
     answer = await upstream.post(host, port, request.path, body, upstream_headers(request, token), spares)
     try:
@@ -45,8 +52,9 @@ async def forward(request: web.Request, host: str, port: int, body: bytes, token
             data = await answer.read()
         except (UpstreamBroken, ConnectionError) as err:
             record.status, record.error = 502, f"upstream: {err!r}"
-            return error_response(502, f"the server for '{record.server}' failed mid-answer ({err!r})",
-                                  "upstream_failed")
+            return error_response(
+                502, f"the server for '{record.server}' failed mid-answer ({err!r})", "upstream_failed"
+            )
         record.first_byte_s = _since(record)
         _count_tokens(data, record)
         return web.Response(body=data, status=answer.status, headers=headers)
@@ -54,8 +62,9 @@ async def forward(request: web.Request, host: str, port: int, body: bytes, token
         answer.close()
 
 
-async def _stream(request: web.Request, answer: upstream.Upstream, headers: dict[str, str],
-                  record: RequestRecord) -> web.StreamResponse:
+async def _stream(
+    request: web.Request, answer: upstream.Upstream, headers: dict[str, str], record: RequestRecord
+) -> web.StreamResponse:
     record.stream = True
     response = web.StreamResponse(status=answer.status, headers={**headers, "Cache-Control": "no-cache"})
     await response.prepare(request)
@@ -80,8 +89,13 @@ async def _stream(request: web.Request, answer: upstream.Upstream, headers: dict
     if not finished:
         record.error = record.error or "the server closed the stream before [DONE] (it exited or was killed)"
         record.status = 502
-        error = {"error": {"message": f"the server for '{record.server}' stopped mid-stream: {record.error}",
-                           "type": "server_error", "code": "upstream_failed"}}
+        error = {
+            "error": {
+                "message": f"the server for '{record.server}' stopped mid-stream: {record.error}",
+                "type": "server_error",
+                "code": "upstream_failed",
+            }
+        }
         try:
             await response.write(b"data: " + json.dumps(error).encode() + b"\n\n")
         except ConnectionError:
@@ -93,8 +107,9 @@ async def _stream(request: web.Request, answer: upstream.Upstream, headers: dict
     return response
 
 
-def error_response(status: int, message: str, code: str, headers: dict[str, str] | None = None,
-                   **extra: Any) -> web.Response:
+def error_response(
+    status: int, message: str, code: str, headers: dict[str, str] | None = None, **extra: Any
+) -> web.Response:
     """An OpenAI-shaped error: {"error": {"message", "type", "code", ...}}."""
     kind = "invalid_request_error" if status < 500 else "server_error"
     body = {"error": {"message": message, "type": kind, "code": code, **extra}}

@@ -126,8 +126,9 @@ class Spares:
         self._idle.clear()
 
 
-async def post(host: str, port: int, path: str, body: bytes, headers: Mapping[str, str],
-               spares: Spares | None = None) -> Upstream:
+async def post(
+    host: str, port: int, path: str, body: bytes, headers: Mapping[str, str], spares: Spares | None = None
+) -> Upstream:
     """Send one POST and read the answer's status line and headers (on a spare connection if there is one)."""
     spare = spares.take(host, port) if spares is not None else None
     if spares is not None:
@@ -144,8 +145,15 @@ async def post(host: str, port: int, path: str, body: bytes, headers: Mapping[st
     return await _exchange(reader, writer, host, port, path, body, headers)
 
 
-async def _exchange(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, host: str, port: int, path: str,
-                    body: bytes, headers: Mapping[str, str]) -> Upstream:
+async def _exchange(
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+    host: str,
+    port: int,
+    path: str,
+    body: bytes,
+    headers: Mapping[str, str],
+) -> Upstream:
     try:
         lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}", "Connection: close"]
         lines += [f"{name}: {value}" for name, value in headers.items()]

@@ -256,8 +256,7 @@ class KVCacheConfig:
         elif self.bits not in info.bits_choices:
             raise KVConfigError(
                 "bits",
-                f"bits={self.bits} is not valid for method {self.method}; "
-                f"choose one of {list(info.bits_choices)}"
+                f"bits={self.bits} is not valid for method {self.method}; choose one of {list(info.bits_choices)}",
             )
         _check_cross_fields(self)
 
@@ -367,31 +366,32 @@ def _check_cross_fields(c: KVCacheConfig) -> None:
         raise KVConfigError(
             "kivi_residual_length",
             f"kivi_residual_length={c.kivi_residual_length} for method kivi: "
-            f"must be a multiple of kivi_group_size={c.kivi_group_size}"
+            f"must be a multiple of kivi_group_size={c.kivi_group_size}",
         )
     if c.method == "qjl" and c.qjl_sketch_dim % 32:
-        raise KVConfigError("qjl_sketch_dim", f"qjl_sketch_dim={c.qjl_sketch_dim} for method qjl: must be a multiple of 32")
+        raise KVConfigError(
+            "qjl_sketch_dim", f"qjl_sketch_dim={c.qjl_sketch_dim} for method qjl: must be a multiple of 32"
+        )
     if c.method in TURBOQUANT and c.turboquant_outlier_channels % 32:
         raise KVConfigError(
             "turboquant_outlier_channels",
             f"turboquant_outlier_channels={c.turboquant_outlier_channels} for method {c.method}: "
-            "must be a multiple of 32"
+            "must be a multiple of 32",
         )
     if c.method == "snapkv":
         if c.snapkv_window > c.snapkv_budget:
             raise KVConfigError(
                 "snapkv_window",
-                f"snapkv_window={c.snapkv_window} for method snapkv: must not exceed snapkv_budget={c.snapkv_budget}"
+                f"snapkv_window={c.snapkv_window} for method snapkv: must not exceed snapkv_budget={c.snapkv_budget}",
             )
         if c.snapkv_kernel % 2 == 0:
             raise KVConfigError("snapkv_kernel", f"snapkv_kernel={c.snapkv_kernel} for method snapkv: must be odd")
     if c.method == "knorm" and c.knorm_window >= c.knorm_budget:
         raise KVConfigError(
             "knorm_window",
-            f"knorm_window={c.knorm_window} for method knorm: must be below knorm_budget={c.knorm_budget}"
+            f"knorm_window={c.knorm_window} for method knorm: must be below knorm_budget={c.knorm_budget}",
         )
     if c.method == "h2o" and c.h2o_window >= c.h2o_budget:
         raise KVConfigError(
-            "h2o_window",
-            f"h2o_window={c.h2o_window} for method h2o: must be below h2o_budget={c.h2o_budget}"
+            "h2o_window", f"h2o_window={c.h2o_window} for method h2o: must be below h2o_budget={c.h2o_budget}"
         )

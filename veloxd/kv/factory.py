@@ -45,9 +45,7 @@ def make_caches(model: Any, config: KVCacheConfig) -> list[Any]:
     cls = cache_class(config.method)
     plain = [i for i, c in enumerate(native) if type(c) is mlx_cache.KVCache]
     if not plain:
-        raise ValueError(
-            f"model type '{type(model).__module__}' has no plain attention layer to compress"
-        )
+        raise ValueError(f"model type '{type(model).__module__}' has no plain attention layer to compress")
     caches = list(native)
     for position, layer_index in enumerate(plain):
         caches[layer_index] = cls(config, LayerSpec(position, len(plain)))

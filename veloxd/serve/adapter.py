@@ -251,8 +251,13 @@ class CountingGenerator:
         return ctx, self._timer.tokens(tokens)
 
 
-def handler_class(model_id: str, accepted_names: set[str], api_key: str | None,
-                  stats: RequestStats | None = None, limits: RequestLimits | None = None) -> type:
+def handler_class(
+    model_id: str,
+    accepted_names: set[str],
+    api_key: str | None,
+    stats: RequestStats | None = None,
+    limits: RequestLimits | None = None,
+) -> type:
     """APIHandler with bearer auth, model pinning, a self-contained /v1/models, request counters and limits."""
     counters = stats if stats is not None else RequestStats()
     bounds = limits or RequestLimits()
@@ -268,6 +273,7 @@ def handler_class(model_id: str, accepted_names: set[str], api_key: str | None,
         def send_response(self, code: int, message: str | None = None) -> None:
             self._status = code
             super().send_response(code, message)
+
         def _authorized(self) -> bool:
             if api_key is None or self.path == "/health":
                 return True
@@ -317,9 +323,14 @@ def handler_class(model_id: str, accepted_names: set[str], api_key: str | None,
         def _post(self) -> None:
             """The body within its limits, then mlx_lm's do_POST reading it from memory."""
             try:
-                body = read_body(self.rfile, self.connection, self.headers.get("Content-Length"),
-                                 max_bytes=bounds.max_body_bytes, timeout_s=bounds.body_timeout_s,
-                                 idle_timeout_s=self.timeout)
+                body = read_body(
+                    self.rfile,
+                    self.connection,
+                    self.headers.get("Content-Length"),
+                    max_bytes=bounds.max_body_bytes,
+                    timeout_s=bounds.body_timeout_s,
+                    idle_timeout_s=self.timeout,
+                )
             except BodyRefused as refused:
                 logging.warning("request_refused reason=%s status=%d", refused.code, refused.status)
                 self.close_connection = True
@@ -377,8 +388,12 @@ def handler_class(model_id: str, accepted_names: set[str], api_key: str | None,
             except (RequestCancelled, ConnectionError) as err:
                 reason = watch.reason or ("client_disconnected" if isinstance(err, ConnectionError) else str(err))
                 self.close_connection = True
-                logging.warning("request_cancelled reason=%s completion_tokens=%d max_tokens=%d",
-                                reason, watch.tokens, self.max_tokens)
+                logging.warning(
+                    "request_cancelled reason=%s completion_tokens=%d max_tokens=%d",
+                    reason,
+                    watch.tokens,
+                    self.max_tokens,
+                )
 
         def _prompt_fits(self, request: Any, limit: int) -> bool:
             """Count the prompt's tokens before any prefill; answer 400 naming both numbers if too long."""
@@ -389,8 +404,9 @@ def handler_class(model_id: str, accepted_names: set[str], api_key: str | None,
                 return True
             if count <= limit:
                 return True
-            logging.warning("request_refused reason=prompt_too_long prompt_tokens=%d max_prompt_tokens=%d",
-                            count, limit)
+            logging.warning(
+                "request_refused reason=prompt_too_long prompt_tokens=%d max_prompt_tokens=%d", count, limit
+            )
             self._send_error(400, str(PromptTooLong(count, limit)), "context_length_exceeded")
             return False
 
@@ -409,9 +425,13 @@ class ServerHandle:
     """The bound HTTP server and mlx_lm's response generator, for serve_forever/shutdown."""
 
     def __init__(self, host: str, port: int, provider: PinnedProvider, handler: type) -> None:
-        infos = mlx_server.socket.getaddrinfo(host, port, type=mlx_server.socket.SOCK_STREAM, flags=mlx_server.socket.AI_PASSIVE)
+        infos = mlx_server.socket.getaddrinfo(
+            host, port, type=mlx_server.socket.SOCK_STREAM, flags=mlx_server.socket.AI_PASSIVE
+        )
         family, _, _, _, address = infos[0]
-        server_class = type("VeloxHTTPServer", (ThreadingHTTPServer,), {"address_family": family, "daemon_threads": True})
+        server_class = type(
+            "VeloxHTTPServer", (ThreadingHTTPServer,), {"address_family": family, "daemon_threads": True}
+        )
         # Bind before the model loads: once READY is printed, the port is already listening.
         self.httpd = server_class(address, self._make_handler)
         self._handler = handler

@@ -78,8 +78,13 @@ def rank_hosts() -> list[str]:
 
 def pool_figures(group: Any, wiring: Wiring, load_s: float) -> list[dict[str, Any]]:
     """Every rank's figures, on every rank (one all_sum of a [ranks, figures] table)."""
-    mine = [os.getpid(), wiring.kv_bytes_per_token["method"], wiring.kv_bytes_per_token["fp16"],
-            sum(wiring.layer_caches.values()), load_s]
+    mine = [
+        os.getpid(),
+        wiring.kv_bytes_per_token["method"],
+        wiring.kv_bytes_per_token["fp16"],
+        sum(wiring.layer_caches.values()),
+        load_s,
+    ]
     table = mx.zeros((group.size(), len(FIGURES)), dtype=mx.float32)
     table[group.rank()] = mx.array(mine, dtype=mx.float32)
     rows: Any = mx.distributed.all_sum(table, group=group).tolist()
@@ -87,11 +92,16 @@ def pool_figures(group: Any, wiring: Wiring, load_s: float) -> list[dict[str, An
     out = []
     for rank, row in enumerate(rows):
         pid, method, fp16, layers, load = row
-        out.append({
-            "rank": rank, "pid": int(pid), "host": hosts[rank] if rank < len(hosts) else None,
-            "kv_bytes_per_token": {"method": round(method, 1), "fp16": round(fp16, 1)},
-            "layer_caches": int(layers), "load_s": round(load, 3),
-        })
+        out.append(
+            {
+                "rank": rank,
+                "pid": int(pid),
+                "host": hosts[rank] if rank < len(hosts) else None,
+                "kv_bytes_per_token": {"method": round(method, 1), "fp16": round(fp16, 1)},
+                "layer_caches": int(layers),
+                "load_s": round(load, 3),
+            }
+        )
     return out
 
 
@@ -118,14 +128,22 @@ def ring_doorbell(group: Any) -> Doorbell | None:
     return connect_group(group.rank(), group.size(), leader_ip(), exchange, vote)
 
 
-def group_payload(options: ServeOptions, model_id: str, wiring: Wiring, limits: EffectiveLimits, load_s: float,
-                  ranks: list[dict[str, Any]]) -> protocol.ReadyPayload:
+def group_payload(
+    options: ServeOptions,
+    model_id: str,
+    wiring: Wiring,
+    limits: EffectiveLimits,
+    load_s: float,
+    ranks: list[dict[str, Any]],
+) -> protocol.ReadyPayload:
     """The READY payload: the group's totals at the top level, each rank's figures under `distributed`."""
     payload = ready_payload(options, model_id, wiring, limits, load_s)
     method = sum(r["kv_bytes_per_token"]["method"] for r in ranks)
     fp16 = sum(r["kv_bytes_per_token"]["fp16"] for r in ranks)
     payload["kv_bytes_per_token"] = {
-        **wiring.kv_bytes_per_token, "method": round(method, 1), "fp16": round(fp16, 1),
+        **wiring.kv_bytes_per_token,
+        "method": round(method, 1),
+        "fp16": round(fp16, 1),
         "ratio": round(method / fp16, 4) if fp16 else None,
         "source": f"measured: nbytes of every layer cache after a probe prefill, summed over {len(ranks)} ranks",
     }
@@ -146,8 +164,11 @@ def serve_rank(options: ServeOptions) -> int:
         return 2
     group = mx.distributed.init()
     if group.size() < 2:
-        print("veloxd serve: error: --distributed: this process is not one rank of a group "
-              "(start it with mlx.launch, as the daemon does for a `distributed:` entry)", file=sys.stderr)
+        print(
+            "veloxd serve: error: --distributed: this process is not one rank of a group "
+            "(start it with mlx.launch, as the daemon does for a `distributed:` entry)",
+            file=sys.stderr,
+        )
         return 2
     rank = group.rank()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
@@ -173,9 +194,15 @@ def serve_rank(options: ServeOptions) -> int:
         return wiring.batchable
 
     cli_args = server_args(
-        model=options.model, host=options.host, port=options.port, max_tokens=options.max_tokens,
-        temp=options.temp, top_p=options.top_p, prompt_cache_size=options.prompt_cache_size,
-        prompt_cache_bytes=options.prompt_cache_bytes, pipeline=options.distributed == "pipeline",
+        model=options.model,
+        host=options.host,
+        port=options.port,
+        max_tokens=options.max_tokens,
+        temp=options.temp,
+        top_p=options.top_p,
+        prompt_cache_size=options.prompt_cache_size,
+        prompt_cache_bytes=options.prompt_cache_bytes,
+        pipeline=options.distributed == "pipeline",
     )
     provider = PinnedProvider(cli_args, names, on_loaded, options.limits)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a remote rank's ssh went away
@@ -191,7 +218,10 @@ def serve_rank(options: ServeOptions) -> int:
         handler = handler_class(model_id, names, options.api_key, limits=options.limits)
         handle = ServerHandle(options.host, options.port, provider, handler)
     except OSError as err:
-        print(f"veloxd serve: error: --port {options.port}: cannot bind {options.host}:{options.port} ({err.strerror})", file=sys.stderr)
+        print(
+            f"veloxd serve: error: --port {options.port}: cannot bind {options.host}:{options.port} ({err.strerror})",
+            file=sys.stderr,
+        )
         return 2
     stopper.handle = handle
     threading.Thread(target=_watch, args=(handle.generator, stopper), daemon=True).start()

@@ -48,8 +48,13 @@ class Doorbell:
                 sock.close()
 
 
-def connect_group(rank: int, size: int, leader_ip: str | None,
-                  exchange: Callable[[list[int]], list[int]], vote: Callable[[bool], bool]) -> Doorbell | None:
+def connect_group(
+    rank: int,
+    size: int,
+    leader_ip: str | None,
+    exchange: Callable[[list[int]], list[int]],
+    vote: Callable[[bool], bool],
+) -> Doorbell | None:
     """Set up the doorbell on every rank at once (same calls in the same order on each).
 
     `exchange(words)` sums int32 words over the ranks (rank 0 contributes port and token);

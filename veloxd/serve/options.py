@@ -97,8 +97,11 @@ def check_model(model: str, flag: str = "--model") -> None:
 def kv_config(args: Any) -> KVCacheConfig:
     """The KV settings: one JSON document (--kv-json, what the daemon passes) or the hand-written flags."""
     if args.kv_json is not None:
-        hand_flags = [f for f, v in (("--method", args.method), ("--bits", args.bits), ("--seed", args.seed),
-                                     ("--set", args.set)) if v]
+        hand_flags = [
+            f
+            for f, v in (("--method", args.method), ("--bits", args.bits), ("--seed", args.seed), ("--set", args.set))
+            if v
+        ]
         if hand_flags:
             raise UsageError(f"--kv-json holds every KV setting: drop {', '.join(hand_flags)}")
         try:
@@ -155,9 +158,12 @@ def build_options(args: Any) -> ServeOptions:
         raise UsageError(f"--host {problem}")
     if not 1 <= args.port <= 65535:
         raise UsageError(f"--port {args.port}: must be between 1 and 65535")
-    for flag, value, low in (("--max-tokens", args.max_tokens, 1), ("--prompt-cache-size", args.prompt_cache_size, 0),
-                             ("--limit-max-tokens", args.limit_max_tokens, 1),
-                             ("--limit-max-prompt-tokens", args.limit_max_prompt_tokens, 1)):
+    for flag, value, low in (
+        ("--max-tokens", args.max_tokens, 1),
+        ("--prompt-cache-size", args.prompt_cache_size, 0),
+        ("--limit-max-tokens", args.limit_max_tokens, 1),
+        ("--limit-max-prompt-tokens", args.limit_max_prompt_tokens, 1),
+    ):
         if value is not None and value < low:
             raise UsageError(f"{flag} {value}: must be >= {low}")
     if args.temp is not None and args.temp < 0:

@@ -57,8 +57,14 @@ def memory_facts(model: Any) -> dict[str, Any]:
     return {"weights_bytes": weights, "recommended_working_set_bytes": working_set}
 
 
-def ready_payload(options: ServeOptions, model_id: str, wiring: Any, limits: EffectiveLimits,
-                  load_s: float, memory: dict[str, Any] | None = None) -> protocol.ReadyPayload:
+def ready_payload(
+    options: ServeOptions,
+    model_id: str,
+    wiring: Any,
+    limits: EffectiveLimits,
+    load_s: float,
+    memory: dict[str, Any] | None = None,
+) -> protocol.ReadyPayload:
     info = options.info
     return {
         "schema_version": protocol.READY_SCHEMA_VERSION,
@@ -101,7 +107,9 @@ def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
         print(f"veloxd serve: {refused}", file=sys.stderr)
         return ExitCode.INVALID
     # Under the daemon every output line is already timestamped in its log: no second clock.
-    shown = "%(levelname)s %(message)s" if options.lifeline_fd is not None else "%(asctime)s - %(levelname)s - %(message)s"
+    shown = (
+        "%(levelname)s %(message)s" if options.lifeline_fd is not None else "%(asctime)s - %(levelname)s - %(message)s"
+    )
     logging.basicConfig(level=logging.INFO, format=shown)
     stopper = stopper or Stopper()
     model_id, names = model_names(options.model)
@@ -117,8 +125,9 @@ def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
         except Exception:
             stopper.stop(ExitCode.FAILED, "error: wiring the KV cache failed:\n" + traceback.format_exc())
             raise
-        payload = ready_payload(options, model_id, wiring, provider.limits, time.monotonic() - started,
-                                memory_facts(model))
+        payload = ready_payload(
+            options, model_id, wiring, provider.limits, time.monotonic() - started, memory_facts(model)
+        )
         print(protocol.format_ready(payload), flush=True)
         return wiring.batchable
 
@@ -138,7 +147,10 @@ def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
         handler = handler_class(model_id, names, options.api_key, limits=options.limits)
         handle = ServerHandle(options.host, options.port, provider, handler)
     except OSError as err:
-        print(f"veloxd serve: error: --port {options.port}: cannot bind {options.host}:{options.port} ({err.strerror})", file=sys.stderr)
+        print(
+            f"veloxd serve: error: --port {options.port}: cannot bind {options.host}:{options.port} ({err.strerror})",
+            file=sys.stderr,
+        )
         return ExitCode.INVALID
     stopper.handle = handle
     if stopper.code is not None:  # the lifeline closed while loading: the timer ends us anyway

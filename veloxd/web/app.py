@@ -35,9 +35,15 @@ KEEPALIVE_S = 15.0
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def add_routes(app: web.Application, monitor: Monitor, *, api_key: str | None = None,
-               allowed_hosts: Iterable[str] | None = None, gateway: GatewayCounters | None = None,
-               prefix: str = "") -> None:
+def add_routes(
+    app: web.Application,
+    monitor: Monitor,
+    *,
+    api_key: str | None = None,
+    allowed_hosts: Iterable[str] | None = None,
+    gateway: GatewayCounters | None = None,
+    prefix: str = "",
+) -> None:
     """Install the dashboard into `app`, and start/stop `monitor` with it.
 
     Args:
@@ -58,6 +64,7 @@ def add_routes(app: web.Application, monitor: Monitor, *, api_key: str | None = 
                 if refused is not None:
                     return refused
             return await handler(request)
+
         return guarded
 
     async def index(request: web.Request) -> web.StreamResponse:
@@ -67,10 +74,16 @@ def add_routes(app: web.Application, monitor: Monitor, *, api_key: str | None = 
 
     async def state(request: web.Request) -> web.StreamResponse:
         await monitor.refresh(max_age_s=monitor.interval_s)
-        return web.json_response({**monitor.page_state(), "history": list(monitor.history),
-                                  "actions": api_key is not None, "interval_s": monitor.interval_s,
-                                  "history_max": monitor.history.maxlen},
-                                 headers=_no_cache())
+        return web.json_response(
+            {
+                **monitor.page_state(),
+                "history": list(monitor.history),
+                "actions": api_key is not None,
+                "interval_s": monitor.interval_s,
+                "history_max": monitor.history.maxlen,
+            },
+            headers=_no_cache(),
+        )
 
     async def logs(request: web.Request) -> web.StreamResponse:
         query = request.query
@@ -138,6 +151,7 @@ def add_routes(app: web.Application, monitor: Monitor, *, api_key: str | None = 
 def _static(name: str) -> Handler:
     async def serve(request: web.Request) -> web.StreamResponse:
         return web.FileResponse(STATIC / name, headers=_no_cache())
+
     return serve
 
 

@@ -59,23 +59,34 @@ async def serve(options: WebOptions) -> int:
     if options.api_key_env:
         api_key = os.environ.get(options.api_key_env)
         if not api_key:
-            print(f"veloxd web: error: --api-key-env {options.api_key_env}: the variable is unset or empty",
-                  file=sys.stderr, flush=True)
+            print(
+                f"veloxd web: error: --api-key-env {options.api_key_env}: the variable is unset or empty",
+                file=sys.stderr,
+                flush=True,
+            )
             return 2
     runner = web.AppRunner(build_app(options, api_key), handle_signals=False, access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, options.host, options.port).start()
     except OSError as err:
-        print(f"veloxd web: error: cannot bind {options.host}:{options.port} ({err.strerror or err})",
-              file=sys.stderr, flush=True)
+        print(
+            f"veloxd web: error: cannot bind {options.host}:{options.port} ({err.strerror or err})",
+            file=sys.stderr,
+            flush=True,
+        )
         await runner.cleanup()
         return 2
     shown = f"[{options.host}]" if ":" in options.host else options.host
     url = f"http://{shown}:{options.port}/"
-    payload = {"schema_version": 1, "pid": os.getpid(), "host": options.host, "port": options.port,
-               "endpoints": {"dashboard": url, "metrics": url + "metrics", "health": url + "health"},
-               "actions": api_key is not None}
+    payload = {
+        "schema_version": 1,
+        "pid": os.getpid(),
+        "host": options.host,
+        "port": options.port,
+        "endpoints": {"dashboard": url, "metrics": url + "metrics", "health": url + "health"},
+        "actions": api_key is not None,
+    }
     print(READY_PREFIX + json.dumps(payload, sort_keys=True), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

@@ -35,12 +35,18 @@ class VeloxdCollector:
 
     def collect(self) -> Iterator[Metric]:
         monitor = self.monitor
-        yield _gauge("veloxd_daemon_up", "1 when the daemon answered the dashboard's last sample.",
-                     [([], 1.0 if monitor.reachable else 0.0)])
+        yield _gauge(
+            "veloxd_daemon_up",
+            "1 when the daemon answered the dashboard's last sample.",
+            [([], 1.0 if monitor.reachable else 0.0)],
+        )
         last_reload = monitor.state.get("last_reload") or {}
         if last_reload:
-            yield _gauge("veloxd_config_last_reload_success", "1 when the last reload of veloxd.yaml was accepted.",
-                         [([], 1.0 if last_reload.get("ok") else 0.0)])
+            yield _gauge(
+                "veloxd_config_last_reload_success",
+                "1 when the last reload of veloxd.yaml was accepted.",
+                [([], 1.0 if last_reload.get("ok") else 0.0)],
+            )
         servers = list(monitor.servers.values())
         yield from self._servers(servers)
         yield from self._requests(servers)
@@ -48,10 +54,14 @@ class VeloxdCollector:
             yield from self._gateway(self.gateway)
 
     def _servers(self, servers: list[dict[str, Any]]) -> Iterator[Metric]:
-        state = GaugeMetricFamily("veloxd_server_state", "1 for the state each server is in, 0 for the others.",
-                                  labels=["server", "state"])
-        info = GaugeMetricFamily("veloxd_server_info", "Model, KV-cache method and bits of each server (value 1).",
-                                 labels=["server", "model", "method", "bits"])
+        state = GaugeMetricFamily(
+            "veloxd_server_state", "1 for the state each server is in, 0 for the others.", labels=["server", "state"]
+        )
+        info = GaugeMetricFamily(
+            "veloxd_server_info",
+            "Model, KV-cache method and bits of each server (value 1).",
+            labels=["server", "model", "method", "bits"],
+        )
         for s in servers:
             for value in ServerState:
                 state.add_metric([s["name"], value.value], 1.0 if s["state"] == value.value else 0.0)
@@ -59,30 +69,54 @@ class VeloxdCollector:
             info.add_metric([s["name"], str(s["model"]), str(s["method"]), bits], 1.0)
         yield state
         yield info
-        yield _counter("veloxd_server_restarts", "Worker starts after the first one (crashes, reloads, restarts).",
-                       [([s["name"]], s["restarts"]) for s in servers], labels=["server"])
-        yield _gauge("veloxd_server_startup_seconds", "Seconds from spawn to ready at the worker's last start.",
-                     [([s["name"]], s["startup_s"]) for s in servers], labels=["server"])
-        yield _gauge("veloxd_server_uptime_seconds", "Seconds since the server became ready (ready servers only).",
-                     [([s["name"]], s["uptime_s"]) for s in servers], labels=["server"])
-        kv = GaugeMetricFamily("veloxd_kv_cache_bytes_per_token", "Measured KV-cache bytes per token at the "
-                               "worker's start: its method's cache and the fp16 cache on the same tokens.",
-                               labels=["server", "cache"])
+        yield _counter(
+            "veloxd_server_restarts",
+            "Worker starts after the first one (crashes, reloads, restarts).",
+            [([s["name"]], s["restarts"]) for s in servers],
+            labels=["server"],
+        )
+        yield _gauge(
+            "veloxd_server_startup_seconds",
+            "Seconds from spawn to ready at the worker's last start.",
+            [([s["name"]], s["startup_s"]) for s in servers],
+            labels=["server"],
+        )
+        yield _gauge(
+            "veloxd_server_uptime_seconds",
+            "Seconds since the server became ready (ready servers only).",
+            [([s["name"]], s["uptime_s"]) for s in servers],
+            labels=["server"],
+        )
+        kv = GaugeMetricFamily(
+            "veloxd_kv_cache_bytes_per_token",
+            "Measured KV-cache bytes per token at the "
+            "worker's start: its method's cache and the fp16 cache on the same tokens.",
+            labels=["server", "cache"],
+        )
         for s in servers:
             for cache, key in (("method", "kv_bytes_per_token"), ("fp16", "fp16_bytes_per_token")):
                 if s[key] is not None:
                     kv.add_metric([s["name"], cache], float(s[key]))
         yield kv
-        yield _gauge("veloxd_kv_cache_compression_ratio", "Measured KV bytes of the method over fp16's (lower is "
-                     "smaller).", [([s["name"]], s["kv_ratio"]) for s in servers], labels=["server"])
-        yield _gauge("veloxd_worker_resident_memory_bytes", "Resident memory of the worker and its child processes.",
-                     [([s["name"]], s["rss_bytes"]) for s in servers], labels=["server"])
+        yield _gauge(
+            "veloxd_kv_cache_compression_ratio",
+            "Measured KV bytes of the method over fp16's (lower is smaller).",
+            [([s["name"]], s["kv_ratio"]) for s in servers],
+            labels=["server"],
+        )
+        yield _gauge(
+            "veloxd_worker_resident_memory_bytes",
+            "Resident memory of the worker and its child processes.",
+            [([s["name"]], s["rss_bytes"]) for s in servers],
+            labels=["server"],
+        )
 
     def _requests(self, servers: list[dict[str, Any]]) -> Iterator[Metric]:
         stats = self.monitor.stats
         live = [s for s in servers if s["name"] in stats]
-        requests = CounterMetricFamily("veloxd_requests", "HTTP requests a worker answered, by status code.",
-                                       labels=["server", "status"])
+        requests = CounterMetricFamily(
+            "veloxd_requests", "HTTP requests a worker answered, by status code.", labels=["server", "status"]
+        )
         for s in live:
             for status, count in sorted(stats[s["name"]].get("requests", {}).items()):
                 requests.add_metric([s["name"], status], float(count))
@@ -98,23 +132,50 @@ class VeloxdCollector:
                 if buckets:
                     family.add_metric([s["name"]], buckets, float(histogram.get("sum", 0.0)))
             yield family
-        yield _counter("veloxd_generated_tokens", "Tokens a worker generated.",
-                       [([s["name"]], stats[s["name"]].get("generated_tokens")) for s in live], labels=["server"])
-        yield _counter("veloxd_prompt_tokens", "Prompt tokens a worker was given.",
-                       [([s["name"]], stats[s["name"]].get("prompt_tokens")) for s in live], labels=["server"])
-        yield _gauge("veloxd_generation_tokens_per_second", "Tokens generated per second over the last sample "
-                     "interval.", [([s["name"]], s["tokens_per_s"]) for s in live], labels=["server"])
-        yield _gauge("veloxd_requests_in_flight", "Requests a worker is answering now.",
-                     [([s["name"]], s["in_flight"]) for s in live], labels=["server"])
-        yield _gauge("veloxd_request_queue_depth", "Requests waiting for the worker's generation thread.",
-                     [([s["name"]], s["queued"]) for s in live], labels=["server"])
+        yield _counter(
+            "veloxd_generated_tokens",
+            "Tokens a worker generated.",
+            [([s["name"]], stats[s["name"]].get("generated_tokens")) for s in live],
+            labels=["server"],
+        )
+        yield _counter(
+            "veloxd_prompt_tokens",
+            "Prompt tokens a worker was given.",
+            [([s["name"]], stats[s["name"]].get("prompt_tokens")) for s in live],
+            labels=["server"],
+        )
+        yield _gauge(
+            "veloxd_generation_tokens_per_second",
+            "Tokens generated per second over the last sample interval.",
+            [([s["name"]], s["tokens_per_s"]) for s in live],
+            labels=["server"],
+        )
+        yield _gauge(
+            "veloxd_requests_in_flight",
+            "Requests a worker is answering now.",
+            [([s["name"]], s["in_flight"]) for s in live],
+            labels=["server"],
+        )
+        yield _gauge(
+            "veloxd_request_queue_depth",
+            "Requests waiting for the worker's generation thread.",
+            [([s["name"]], s["queued"]) for s in live],
+            labels=["server"],
+        )
 
     def _gateway(self, gateway: GatewayCounters) -> Iterator[Metric]:
-        yield _counter("veloxd_gateway_admissions", "Starts of on-demand servers the gateway admitted.",
-                       [([name], n) for name, n in sorted(gateway.admissions_total().items())], labels=["server"])
-        yield _counter("veloxd_gateway_unloads", "Servers the gateway unloaded, by reason (idle, memory).",
-                       [([name, reason], n) for (name, reason), n in sorted(gateway.unloads_total().items())],
-                       labels=["server", "reason"])
+        yield _counter(
+            "veloxd_gateway_admissions",
+            "Starts of on-demand servers the gateway admitted.",
+            [([name], n) for name, n in sorted(gateway.admissions_total().items())],
+            labels=["server"],
+        )
+        yield _counter(
+            "veloxd_gateway_unloads",
+            "Servers the gateway unloaded, by reason (idle, memory).",
+            [([name, reason], n) for (name, reason), n in sorted(gateway.unloads_total().items())],
+            labels=["server", "reason"],
+        )
 
 
 def _le(bound: Any) -> str:

@@ -77,8 +77,9 @@ def _bearer(entry: dict[str, Any]) -> str | None:
 class Monitor:
     """Latest sample, chart history and recent log events of one daemon; pushes changes to subscribers."""
 
-    def __init__(self, client: DaemonClient, interval_s: float = 1.0, history: int = 900,
-                 clock: Callable[[], float] = time.time) -> None:
+    def __init__(
+        self, client: DaemonClient, interval_s: float = 1.0, history: int = 900, clock: Callable[[], float] = time.time
+    ) -> None:
         self.client = client
         self.interval_s = interval_s
         self.clock = clock
@@ -141,8 +142,10 @@ class Monitor:
         self.state = answer.get("state") or {}
         await self._collect_servers(now)
         self.sampled_at = now
-        point = {"t": round(now, 3), "servers": {name: {"rss": s["rss_bytes"], "tps": s["tokens_per_s"]}
-                                                 for name, s in self.servers.items()}}
+        point = {
+            "t": round(now, 3),
+            "servers": {name: {"rss": s["rss_bytes"], "tps": s["tokens_per_s"]} for name, s in self.servers.items()},
+        }
         self.history.append(point)
         new_events = events.get("events") or []
         for event in new_events:
@@ -189,8 +192,9 @@ class Monitor:
             return None
         return data if isinstance(data, dict) else None
 
-    def _server_view(self, name: str, snap: dict[str, Any], entry: dict[str, Any], stats: dict[str, Any] | None,
-                     now: float) -> dict[str, Any]:
+    def _server_view(
+        self, name: str, snap: dict[str, Any], entry: dict[str, Any], stats: dict[str, Any] | None, now: float
+    ) -> dict[str, Any]:
         ready = snap.get("ready") or {}
         kv = ready.get("kv_bytes_per_token") or {}
         pid = snap.get("pid")
@@ -248,8 +252,11 @@ class Monitor:
     def log_tail(self, server: str | None = None, text: str | None = None, limit: int = 500) -> list[dict[str, Any]]:
         """The recent events, optionally one server's and/or those whose line or event contains `text`."""
         needle = (text or "").lower()
-        out = [e for e in self.logs
-               if (server is None or e.get("server") == server) and (not needle or needle in event_text(e).lower())]
+        out = [
+            e
+            for e in self.logs
+            if (server is None or e.get("server") == server) and (not needle or needle in event_text(e).lower())
+        ]
         return out[-limit:] if limit > 0 else []
 
     # ---- live stream ------------------------------------------------------------------------

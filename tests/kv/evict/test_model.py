@@ -86,7 +86,9 @@ def test_streaming_llm_prefill_chunking_changes_nothing(model) -> None:
     assert max_diff(a, b) < 1e-4
     for c1, c2 in zip(one, split):
         o1, o2 = (mx.argsort(c.slots["positions"], axis=-1)[..., : c.size()] for c in (c1, c2))
-        assert mx.array_equal(mx.take_along_axis(c1.slots["positions"], o1, axis=2), mx.take_along_axis(c2.slots["positions"], o2, axis=2))
+        assert mx.array_equal(
+            mx.take_along_axis(c1.slots["positions"], o1, axis=2), mx.take_along_axis(c2.slots["positions"], o2, axis=2)
+        )
         k1, k2 = (mx.take_along_axis(c.slots["keys"], o[..., None], axis=2) for c, o in ((c1, o1), (c2, o2)))
         assert mx.allclose(k1, k2, atol=1e-4)
 

@@ -99,8 +99,17 @@ def test_four_bit_stores_under_030x_of_fp16_at_1024_tokens():
 
 @pytest.mark.parametrize(
     "fields",
-    [{"bits": 2}, {"bits": 3}, {"bits": 4}, {"bits": 6}, {"bits": 8}, {"bits": 4, "affine_group_size": 32},
-     {"bits": 4, "affine_group_size": 128}, {"bits": 4, "affine_key_bits": 8}, {"bits": 3, "affine_rotate": True}],
+    [
+        {"bits": 2},
+        {"bits": 3},
+        {"bits": 4},
+        {"bits": 6},
+        {"bits": 8},
+        {"bits": 4, "affine_group_size": 32},
+        {"bits": 4, "affine_group_size": 128},
+        {"bits": 4, "affine_key_bits": 8},
+        {"bits": 3, "affine_rotate": True},
+    ],
 )
 def test_stored_bytes_follow_bits_plus_32_over_group(fields):
     _, k, v = data(1024)

@@ -33,7 +33,9 @@ def test_lloyd_max_matches_the_papers_distortion(bits):
     assert book.distortion == pytest.approx(PAPER_DISTORTION[bits], rel=0.05)
     # Large d tends to the Gaussian Lloyd-Max quantizer: 1 bit at ±sqrt(2/pi)/sqrt(d).
     if bits == 1:
-        assert codebooks.lloyd_max(4096, 1).levels[1] * math.sqrt(4096) == pytest.approx(math.sqrt(2 / math.pi), rel=1e-3)
+        assert codebooks.lloyd_max(4096, 1).levels[1] * math.sqrt(4096) == pytest.approx(
+            math.sqrt(2 / math.pi), rel=1e-3
+        )
     # Evenly spaced levels can only be worse (or equal, at 1 bit).
     assert codebooks.uniform(128, bits).distortion >= book.distortion * (1 - 1e-6)
 
@@ -134,7 +136,7 @@ def test_prod_scores_are_unbiased_where_mse_at_one_bit_less_is_shrunk():
     """Mean of (estimate - q·k) over many keys and 32 independent layers (rotations, sketches)."""
     d, n_keys, layers = 128, 256, 32
     q = mx.random.normal((1, 1, 1, 1, d), key=mx.random.key(1))  # [B, Hkv, R, L, d]
-    keys = (q[0, 0] + 0.5 * mx.random.normal((1, 1, n_keys, d), key=mx.random.key(2)))  # correlated with q
+    keys = q[0, 0] + 0.5 * mx.random.normal((1, 1, n_keys, d), key=mx.random.key(2))  # correlated with q
     exact = (q[0, 0, 0] @ keys[0, 0].T)[0]  # [n]
     errors = {"turboquant_prod": [], "turboquant_mse": []}
     for layer in range(layers):
@@ -191,8 +193,12 @@ def test_batched_decode_equals_single_and_stays_packed(method):
 
 @pytest.mark.parametrize(
     "method,bits,outliers,expected",
-    [("turboquant_mse", 3, 0, 3 + 16 / 128), ("turboquant_mse", 4, 32, 4.25 + 16 / 128),
-     ("turboquant_prod", 3, 0, (2 + 1 + 32 / 128 + 3 + 16 / 128) / 2), ("turboquant_prod", 2, 0, (2 + 32 / 128 + 2 + 16 / 128) / 2)],
+    [
+        ("turboquant_mse", 3, 0, 3 + 16 / 128),
+        ("turboquant_mse", 4, 32, 4.25 + 16 / 128),
+        ("turboquant_prod", 3, 0, (2 + 1 + 32 / 128 + 3 + 16 / 128) / 2),
+        ("turboquant_prod", 2, 0, (2 + 32 / 128 + 2 + 16 / 128) / 2),
+    ],
 )
 def test_stored_bytes_match_the_analytic_rate(method, bits, outliers, expected):
     config = KVCacheConfig(method, bits=bits, turboquant_outlier_channels=outliers)

@@ -72,7 +72,12 @@ def _value_fn(values: mx.array) -> Callable[[mx.array, int, int], mx.array]:
 
 
 def attend(
-    queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: str | MaskFn | None, block: int = DEFAULT_BLOCK
+    queries: mx.array,
+    keys: mx.array,
+    values: mx.array,
+    scale: float,
+    mask: str | MaskFn | None,
+    block: int = DEFAULT_BLOCK,
 ) -> mx.array:
     """Attention [B, Hq, L, Dv] of queries [B, Hq, L, D] over slots keys/values [B, Hkv, S, D]."""
     out = blockwise_attention(

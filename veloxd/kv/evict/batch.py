@@ -43,7 +43,9 @@ def stack_rows(parts: list[tuple[dict[str, mx.array], int]], fill: Mapping[str, 
     if template is None:
         return {}
     return {
-        name: mx.concatenate([d.get(name, mx.full((n, *t.shape[1:]), fill.get(name, 0), dtype=t.dtype)) for d, n in parts])
+        name: mx.concatenate(
+            [d.get(name, mx.full((n, *t.shape[1:]), fill.get(name, 0), dtype=t.dtype)) for d, n in parts]
+        )
         for name, t in template.items()
     }
 
@@ -78,7 +80,13 @@ class EvictionBatch(BatchCache, _MixedInto):
         return batch
 
     # --- BatchGenerator protocol ---
-    def prepare(self, *, left_padding: list[int] | None = None, lengths: list[int] | None = None, right_padding: list[int] | None = None) -> None:
+    def prepare(
+        self,
+        *,
+        left_padding: list[int] | None = None,
+        lengths: list[int] | None = None,
+        right_padding: list[int] | None = None,
+    ) -> None:
         """The next chunk is padded: left padding (empty caches only) or right padding after `lengths`."""
         if left_padding is not None:
             if self.slots:

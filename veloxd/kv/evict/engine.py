@@ -168,7 +168,12 @@ class EvictionCache(VeloxCache):
         """Prefill chunk: visibility from head 0's positions (normalize() made free slots equal
         across heads), built per block by the attention."""
         rule = self.window_rule()
-        if len(self.counts) == 1 and rule is None and not step.padded and step.first_slot == self.counts[0] - step.length:
+        if (
+            len(self.counts) == 1
+            and rule is None
+            and not step.padded
+            and step.first_slot == self.counts[0] - step.length
+        ):
             return "causal"  # everything before the chunk is visible: the lower-right causal mask
         own = step.first_slot if step.padded else None  # a padding query sees itself
         return attention.slot_mask(self.slots["positions"][:, :1], step.qpos(), rule, own)
@@ -285,6 +290,8 @@ class EvictionCache(VeloxCache):
                 setattr(self, name, list(extra[name]))
         arrays = list(v[1:])
         if len(arrays) != len(extra["slots"]) + len(extra["rows"]):
-            raise ValueError(f"{type(self).__name__}: state holds {len(arrays)} arrays, meta names {extra['slots'] + extra['rows']}")
+            raise ValueError(
+                f"{type(self).__name__}: state holds {len(arrays)} arrays, meta names {extra['slots'] + extra['rows']}"
+            )
         self.slots = dict(zip(extra["slots"], arrays[: len(extra["slots"])]))
         self.rows = dict(zip(extra["rows"], arrays[len(extra["slots"]) :]))

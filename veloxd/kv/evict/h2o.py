@@ -22,7 +22,6 @@ from veloxd.kv.evict.engine import EvictionCache, Step
 
 @register_cache_class
 class H2OCache(Batchable, EvictionCache):
-
     def layer_budget(self) -> int:
         return self.config.h2o_budget
 

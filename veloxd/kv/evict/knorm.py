@@ -21,7 +21,6 @@ from veloxd.kv.evict.engine import EvictionCache, Step
 
 @register_cache_class
 class KNormCache(Batchable, EvictionCache):
-
     def layer_budget(self) -> int:
         return self.config.knorm_budget
 

@@ -62,7 +62,9 @@ def query_block(batch: int, n_q_heads: int, L: int, block: int = DEFAULT_BLOCK) 
     return max(1, min(L, SCORE_ELEMENTS // max(1, batch * n_q_heads * block)))
 
 
-def transient_bound(batch: int, n_q_heads: int, n_kv_heads: int, L: int, d: int, dv: int, block: int = DEFAULT_BLOCK) -> int:
+def transient_bound(
+    batch: int, n_q_heads: int, n_kv_heads: int, L: int, d: int, dv: int, block: int = DEFAULT_BLOCK
+) -> int:
     """Bytes one attention call may hold beyond what the cache stores (see the module doc)."""
     rows = query_block(batch, n_q_heads, L, block)
     scores = batch * n_q_heads * rows * block * 4

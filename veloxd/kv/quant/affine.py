@@ -48,7 +48,9 @@ def packed_matmul(x: mx.array, triple: Sequence[mx.array], transpose: bool, grou
         codes, scales, biases = triple
 
         def packed(rows: mx.array) -> mx.array:
-            return mx.quantized_matmul(rows, codes, scales, biases, transpose=transpose, group_size=group_size, bits=bits)
+            return mx.quantized_matmul(
+                rows, codes, scales, biases, transpose=transpose, group_size=group_size, bits=bits
+            )
 
         return per_kv_head(x, packed)
     dense = dequantized(triple, group_size, bits, x.dtype)  # [B, Hkv, n, K or N]: one key block

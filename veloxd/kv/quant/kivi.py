@@ -33,7 +33,6 @@ def dtype_named(name: str) -> mx.Dtype:
 class KIVICache(Batchable, VeloxCache):
     """Per-request KIVI cache: one row of KIVIRows; `merge` batches it as a KIVIBatchCache."""
 
-
     def __init__(self, config: KVCacheConfig, layer: LayerSpec) -> None:
         super().__init__(config, layer)
         self.rows: KIVIRows | None = None
@@ -89,8 +88,14 @@ class KIVICache(Batchable, VeloxCache):
         if self.rows is None:
             return {}
         r = self.rows
-        return {"k_dim": r.k_dim, "v_dim": r.v_dim, "dtype": str(r.dtype), "heads": r.heads,
-                "quantized": r.quantized[0], "residual": r.residual[0]}
+        return {
+            "k_dim": r.k_dim,
+            "v_dim": r.v_dim,
+            "dtype": str(r.dtype),
+            "heads": r.heads,
+            "quantized": r.quantized[0],
+            "residual": r.residual[0],
+        }
 
     @property
     def state(self) -> tuple:
@@ -112,8 +117,9 @@ class KIVICache(Batchable, VeloxCache):
             raise ValueError(f"KIVICache: state holds {len(arrays)} arrays, expected {expected}")
         kq, vq = (tuple(arrays[2:5]), tuple(arrays[5:8])) if q else (None, None)
         parts = RowParts(q, r, kq, vq, arrays[0], arrays[1])
-        self.rows = build_rows(self.config, extra["k_dim"], extra["v_dim"], dtype_named(extra["dtype"]), extra["heads"], [parts])
-
+        self.rows = build_rows(
+            self.config, extra["k_dim"], extra["v_dim"], dtype_named(extra["dtype"]), extra["heads"], [parts]
+        )
 
 
 class KIVIBatchCache(KIVIBatch, batches=KIVICache):
@@ -142,10 +148,16 @@ def cut_row(rows: KIVIRows, kept: int) -> RowParts:
         codes, scales, biases = full.packed()[0]
         cols = slice(rows.code_cols(whole), rows.code_cols(whole + G))
         group = slice(whole // G, whole // G + 1)
-        k_t = mx.dequantize(codes[..., cols], scales[..., group].astype(mx.float32), biases[..., group].astype(mx.float32),
-                            group_size=G, bits=bits)  # [1, H, D, G]
+        k_t = mx.dequantize(
+            codes[..., cols],
+            scales[..., group].astype(mx.float32),
+            biases[..., group].astype(mx.float32),
+            group_size=G,
+            bits=bits,
+        )  # [1, H, D, G]
         k_part = k_t.swapaxes(-1, -2)[:, :, :part].astype(rows.dtype)  # [1, H, part, D]
         codes, scales, biases = (a[:, :, whole:kept] for a in full.packed()[1])
-        v_part = mx.dequantize(codes, scales.astype(mx.float32), biases.astype(mx.float32),
-                               group_size=G, bits=bits).astype(rows.dtype)  # [1, H, part, Dv]
+        v_part = mx.dequantize(
+            codes, scales.astype(mx.float32), biases.astype(mx.float32), group_size=G, bits=bits
+        ).astype(rows.dtype)  # [1, H, part, Dv]
     return RowParts(whole, part, kq, vq, k_part, v_part)

@@ -21,7 +21,6 @@ from veloxd.kv.quant.kivi_rows import KIVIRows, RowParts, build_rows
 class KIVIBatch(BatchCache, VeloxCache):
     """Rows of `single_class` (a KIVI per-request cache) in one batch."""
 
-
     def __init__(self, config: KVCacheConfig, layer: LayerSpec, n_rows: int) -> None:
         # no super().__init__: `offset` is derived from the rows here, not stored
         self.config = config
@@ -73,8 +72,13 @@ class KIVIBatch(BatchCache, VeloxCache):
         return None
 
     # --- BatchGenerator protocol ---
-    def prepare(self, *, left_padding: list[int] | None = None, lengths: list[int] | None = None,
-                right_padding: list[int] | None = None) -> None:
+    def prepare(
+        self,
+        *,
+        left_padding: list[int] | None = None,
+        lengths: list[int] | None = None,
+        right_padding: list[int] | None = None,
+    ) -> None:
         if left_padding is not None and max(left_padding, default=0) > 0:
             raise ValueError("kivi batch caches take right-padded prompt chunks only (mlx_lm BatchGenerator)")
         if right_padding is not None and max(right_padding) > 0:
@@ -142,7 +146,14 @@ class KIVIBatch(BatchCache, VeloxCache):
 
 def rebuild(template: KIVIRows, parts: list[RowParts | None]) -> KIVIRows:
     """New rows shaped like `template` holding `parts` (None = an empty row)."""
-    empty = RowParts(0, 0, None, None, mx.zeros((1, template.heads, 0, template.k_dim), template.dtype),
-                     mx.zeros((1, template.heads, 0, template.v_dim), template.dtype))
-    return build_rows(template.config, template.k_dim, template.v_dim, template.dtype, template.heads,
-                      [p or empty for p in parts])
+    empty = RowParts(
+        0,
+        0,
+        None,
+        None,
+        mx.zeros((1, template.heads, 0, template.k_dim), template.dtype),
+        mx.zeros((1, template.heads, 0, template.v_dim), template.dtype),
+    )
+    return build_rows(
+        template.config, template.k_dim, template.v_dim, template.dtype, template.heads, [p or empty for p in parts]
+    )

@@ -165,7 +165,9 @@ class KIVIRows:
             self.compact_residual()  # drop what a long prompt chunk left behind
 
     # --- attention ---
-    def attend(self, queries: mx.array, scale: float, mask: Any, own_mask: bool, block: int = DEFAULT_BLOCK) -> mx.array:
+    def attend(
+        self, queries: mx.array, scale: float, mask: Any, own_mask: bool, block: int = DEFAULT_BLOCK
+    ) -> mx.array:
         """queries [B, Hq, L, D] are the newest L residual tokens of every row.
 
         own_mask=False: `mask` (None / "causal" / array) applies as given (B=1: no holes).
@@ -254,8 +256,15 @@ class KIVIRows:
 class RowParts:
     """One row's live arrays: q quantized tokens (K^T and V triples) and r residual tokens."""
 
-    def __init__(self, q: int, r: int, kq: tuple[mx.array, ...] | None, vq: tuple[mx.array, ...] | None,
-                 k_res: mx.array, v_res: mx.array) -> None:
+    def __init__(
+        self,
+        q: int,
+        r: int,
+        kq: tuple[mx.array, ...] | None,
+        vq: tuple[mx.array, ...] | None,
+        k_res: mx.array,
+        v_res: mx.array,
+    ) -> None:
         self.q, self.r, self.kq, self.vq, self.k_res, self.v_res = q, r, kq, vq, k_res, v_res
 
     def packed(self) -> tuple[tuple[mx.array, ...], tuple[mx.array, ...]]:
@@ -265,7 +274,9 @@ class RowParts:
         return self.kq, self.vq
 
 
-def build_rows(config: KVCacheConfig, k_dim: int, v_dim: int, dtype: mx.Dtype, heads: int, parts: list[RowParts]) -> KIVIRows:
+def build_rows(
+    config: KVCacheConfig, k_dim: int, v_dim: int, dtype: mx.Dtype, heads: int, parts: list[RowParts]
+) -> KIVIRows:
     """Fresh rows (owned buffers, capacities trimmed to fit) holding `parts` in order."""
     rows = KIVIRows(config, k_dim, v_dim, dtype, len(parts), heads)
     longest_q = max(p.q for p in parts)

@@ -67,6 +67,7 @@ class SignSketch:
         shape = (*signs.shape[:-1], self.sketch_dim // self.group)  # [B, Hkv, n, groups]
         scales = _broadcast_constant(2.0, shape, projected.dtype)  # bit 1 -> +1, bit 0 -> -1
         biases = _broadcast_constant(-1.0, shape, projected.dtype)
+
         def inner(rows: mx.array) -> mx.array:
             if rows.shape[-2] < DENSE_ROWS:  # a few rows: read the packed signs directly
                 return mx.quantized_matmul(rows, signs, scales, biases, transpose=True, group_size=self.group, bits=1)

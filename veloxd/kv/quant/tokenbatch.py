@@ -86,7 +86,13 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
         return create_causal_mask(N, offset=self._idx, left_padding=self.left_padding)
 
     # --- BatchGenerator protocol ---
-    def prepare(self, *, left_padding: list[int] | None = None, lengths: list[int] | None = None, right_padding: list[int] | None = None) -> None:
+    def prepare(
+        self,
+        *,
+        left_padding: list[int] | None = None,
+        lengths: list[int] | None = None,
+        right_padding: list[int] | None = None,
+    ) -> None:
         if left_padding is not None:
             if self.store is not None:
                 raise ValueError("left padding can only be added to an empty batch cache")

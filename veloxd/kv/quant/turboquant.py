@@ -82,6 +82,7 @@ class Part:
         shape = (*packed.shape[:-1], self.width // group)  # [B, Hkv, n, groups]
         scales = mx.broadcast_to(mx.array(self.book.step, dtype=x.dtype), shape)
         biases = mx.broadcast_to(mx.array(float(self.book.levels[0]), dtype=x.dtype), shape)
+
         def matmul(rows: mx.array) -> mx.array:
             return mx.quantized_matmul(
                 rows, packed, scales, biases, transpose=transpose, group_size=group, bits=self.bits
@@ -96,8 +97,7 @@ class RotatedQuantizer:
     def __init__(self, prefix: str, dim: int, bits: int, outliers: int, kind: str) -> None:
         if outliers and (outliers % 32 or outliers >= dim):
             raise ValueError(
-                f"turboquant_outlier_channels={outliers}: must be a multiple of 32 below the head "
-                f"dimension {dim}"
+                f"turboquant_outlier_channels={outliers}: must be a multiple of 32 below the head dimension {dim}"
             )
         ranges = [(f"{prefix}outlier_codes", 0, outliers, bits + 1), (f"{prefix}codes", outliers, dim, bits)]
         self.parts = [Part(f, a, b, dim, n, kind) for f, a, b, n in ranges if b > a]
