@@ -114,9 +114,10 @@ def _scrubber(entry: Any, env: Mapping[str, str]) -> Callable[[str], str] | None
     """Removes the entry's secret values (its api_key_env's, secret-looking env keys') from output lines."""
     from veloxd.config.secrets import is_secret_name, redact_text
 
-    secrets = [value for name, value in entry.env.items() if is_secret_name(name)]
-    if entry.api_key_env and env.get(entry.api_key_env):
-        secrets.append(env[entry.api_key_env])
+    secrets = [value for name, value in getattr(entry, "env", {}).items() if is_secret_name(name)]
+    api_key_env = getattr(entry, "api_key_env", None)  # the gateway's and dashboard's entries may have none
+    if api_key_env and env.get(api_key_env):
+        secrets.append(env[api_key_env])
     if not secrets:
         return None
     return lambda line: redact_text(line, secrets)
