@@ -57,6 +57,17 @@ def read_lines_json(log_file: Path, server: str) -> list[dict]:
     return [json.loads(line) for line in read_lines(log_file, server)]
 
 
+def test_a_record_still_being_written_is_not_read(tmp_path: Path) -> None:
+    """`veloxd logs` reads while the daemon writes: a last line without its newline is not printed half."""
+    log_file = tmp_path / "veloxd.jsonl"
+    done = [json.dumps({"event": "server_ready", "server": "a"}), json.dumps({"event": "server_output", "server": "a"})]
+    log_file.write_text("\n".join(done) + "\n" + done[0][:17])
+    assert list(read_lines(log_file, None)) == done
+    with open(log_file, "a") as handle:
+        handle.write(done[0][17:] + "\n")
+    assert list(read_lines(log_file, None)) == [*done, done[0]]
+
+
 def test_state_file_is_replaced_atomically_and_read_back(tmp_path: Path) -> None:
     assert read_state(tmp_path) is None
     write_state(tmp_path, {"servers": {"a": {"state": "ready"}}})

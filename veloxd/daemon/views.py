@@ -181,6 +181,8 @@ def read_lines(log_file: Path, server: str | None) -> Iterator[str]:
         try:
             with open(path, encoding="utf-8", errors="replace") as handle:
                 for line in handle:
+                    if not line.endswith("\n"):
+                        break  # the record being written now: printed complete by the next read
                     if matches(line, server):
                         yield line.rstrip("\n")
         except FileNotFoundError:
