@@ -165,10 +165,7 @@ def _value_message(err: ValidationError, path: tuple, value: Any, data: Any) -> 
         having = registry.methods_with_bits() if key == "bits" else owners(key)
         return f"{key} does not apply to method {method} (only to: {', '.join(having)})"
     if kind == "enum" and key == "method" and len(path) == 3:
-        return (
-            f"unknown method '{value}'{did_you_mean(str(value), list(registry.names()))} "
-            f"(valid: {', '.join(registry.names())})"
-        )
+        return registry.unknown_method(str(value))
     if kind == "enum" and key == "bits" and len(path) == 3:
         if method and registry.get(method).bits_choices:
             return f"bits={short_repr(value)} is not valid for method {method}; choose one of {list(registry.get(method).bits_choices)}"

@@ -77,14 +77,14 @@ class KVCacheConfig:
     # --- affine: per-token affine groups (mx.quantize triples) ---
     affine_group_size: int = setting(
         64,
-        methods=("affine",),
+        methods=registry.with_hybrids("affine"),
         kind=int,
         choices=(32, 64, 128),
         help="Elements sharing one scale and bias, along the head dimension.",
     )
     affine_key_bits: int | None = setting(
         None,
-        methods=("affine",),
+        methods=registry.with_hybrids("affine"),
         kind=int,
         choices=(2, 3, 4, 6, 8),
         nullable=True,
@@ -147,7 +147,7 @@ class KVCacheConfig:
     # --- streaming_llm: attention sinks + recent window ---
     streaming_llm_sinks: int = setting(
         4,
-        methods=("streaming_llm",),
+        methods=registry.with_hybrids("streaming_llm"),
         kind=int,
         minimum=0,
         maximum=1024,
@@ -155,7 +155,7 @@ class KVCacheConfig:
     )
     streaming_llm_window: int = setting(
         1024,
-        methods=("streaming_llm",),
+        methods=registry.with_hybrids("streaming_llm"),
         kind=int,
         minimum=1,
         maximum=1 << 20,
@@ -164,7 +164,7 @@ class KVCacheConfig:
     # --- knorm: keep low-norm keys ---
     knorm_budget: int = setting(
         1024,
-        methods=("knorm",),
+        methods=registry.with_hybrids("knorm"),
         kind=int,
         minimum=1,
         maximum=1 << 20,
@@ -172,7 +172,7 @@ class KVCacheConfig:
     )
     knorm_window: int = setting(
         32,
-        methods=("knorm",),
+        methods=registry.with_hybrids("knorm"),
         kind=int,
         minimum=0,
         maximum=1 << 20,
@@ -181,7 +181,7 @@ class KVCacheConfig:
     # --- snapkv (+ PyramidKV budgets) ---
     snapkv_budget: int = setting(
         1024,
-        methods=("snapkv",),
+        methods=registry.with_hybrids("snapkv"),
         kind=int,
         minimum=1,
         maximum=1 << 20,
@@ -189,7 +189,7 @@ class KVCacheConfig:
     )
     snapkv_window: int = setting(
         32,
-        methods=("snapkv",),
+        methods=registry.with_hybrids("snapkv"),
         kind=int,
         minimum=1,
         maximum=4096,
@@ -197,7 +197,7 @@ class KVCacheConfig:
     )
     snapkv_kernel: int = setting(
         5,
-        methods=("snapkv",),
+        methods=registry.with_hybrids("snapkv"),
         kind=int,
         minimum=1,
         maximum=63,
@@ -205,13 +205,13 @@ class KVCacheConfig:
     )
     snapkv_pyramid: bool = setting(
         False,
-        methods=("snapkv",),
+        methods=registry.with_hybrids("snapkv"),
         kind=bool,
         help="PyramidKV: budgets shrink from lower to higher layers, same average.",
     )
     snapkv_pyramid_beta: int = setting(
         20,
-        methods=("snapkv",),
+        methods=registry.with_hybrids("snapkv"),
         kind=int,
         minimum=1,
         maximum=1000,
@@ -220,7 +220,7 @@ class KVCacheConfig:
     # --- tova ---
     tova_budget: int = setting(
         1024,
-        methods=("tova",),
+        methods=registry.with_hybrids("tova"),
         kind=int,
         minimum=1,
         maximum=1 << 20,
@@ -229,7 +229,7 @@ class KVCacheConfig:
     # --- h2o ---
     h2o_budget: int = setting(
         1024,
-        methods=("h2o",),
+        methods=registry.with_hybrids("h2o"),
         kind=int,
         minimum=2,
         maximum=1 << 20,
@@ -237,7 +237,7 @@ class KVCacheConfig:
     )
     h2o_window: int = setting(
         256,
-        methods=("h2o",),
+        methods=registry.with_hybrids("h2o"),
         kind=int,
         minimum=1,
         maximum=1 << 20,
@@ -361,7 +361,8 @@ def _check_setting(f: dataclasses.Field, value: Any, method: str) -> None:
 
 
 def _check_cross_fields(c: KVCacheConfig) -> None:
-    """Rules that involve two fields of the same method."""
+    """Rules that involve two fields of the same method (or of a hybrid's policy)."""
+    policy = registry.parts(c.method)[0]
     if c.method == "kivi" and c.kivi_residual_length % c.kivi_group_size:
         raise KVConfigError(
             "kivi_residual_length",
@@ -378,20 +379,20 @@ def _check_cross_fields(c: KVCacheConfig) -> None:
             f"turboquant_outlier_channels={c.turboquant_outlier_channels} for method {c.method}: "
             "must be a multiple of 32",
         )
-    if c.method == "snapkv":
+    if policy == "snapkv":
         if c.snapkv_window > c.snapkv_budget:
             raise KVConfigError(
                 "snapkv_window",
-                f"snapkv_window={c.snapkv_window} for method snapkv: must not exceed snapkv_budget={c.snapkv_budget}",
+                f"snapkv_window={c.snapkv_window} for method {c.method}: must not exceed snapkv_budget={c.snapkv_budget}",
             )
         if c.snapkv_kernel % 2 == 0:
-            raise KVConfigError("snapkv_kernel", f"snapkv_kernel={c.snapkv_kernel} for method snapkv: must be odd")
-    if c.method == "knorm" and c.knorm_window >= c.knorm_budget:
+            raise KVConfigError("snapkv_kernel", f"snapkv_kernel={c.snapkv_kernel} for method {c.method}: must be odd")
+    if policy == "knorm" and c.knorm_window >= c.knorm_budget:
         raise KVConfigError(
             "knorm_window",
-            f"knorm_window={c.knorm_window} for method knorm: must be below knorm_budget={c.knorm_budget}",
+            f"knorm_window={c.knorm_window} for method {c.method}: must be below knorm_budget={c.knorm_budget}",
         )
-    if c.method == "h2o" and c.h2o_window >= c.h2o_budget:
+    if policy == "h2o" and c.h2o_window >= c.h2o_budget:
         raise KVConfigError(
-            "h2o_window", f"h2o_window={c.h2o_window} for method h2o: must be below h2o_budget={c.h2o_budget}"
+            "h2o_window", f"h2o_window={c.h2o_window} for method {c.method}: must be below h2o_budget={c.h2o_budget}"
         )

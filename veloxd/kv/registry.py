@@ -3,7 +3,10 @@
 Drives the YAML schema, `veloxd methods`, CLI help, the READY line and the docs tables.
 Every method listed here is servable end to end; there is no "crash tier". The flags are
 honest: `storage` says what is really resident, `batchable` whether mlx_lm's batched path
-keeps the compressed class, `trimmable` whether prefix reuse can trim it.
+keeps the compressed class, `trimmable` whether prefix reuse can trim it. A `hybrid` method is
+an eviction policy over a quantizer's packed store, named `<policy>_<quantizer>` (one entry per
+implemented pair, so every consumer of the registry sees exactly the pairs that exist); the
+settings of both parts apply to it (`with_hybrids`).
 This module imports no mlx, and nothing else of veloxd: `veloxd.kv.config` builds on it (the
 fields that apply to a method come from `config.fields_for`).
 """
@@ -15,7 +18,7 @@ from typing import Any, Literal
 
 from veloxd.checks import did_you_mean
 
-Family = Literal["baseline", "quantization", "eviction"]
+Family = Literal["baseline", "quantization", "eviction", "hybrid"]
 Storage = Literal["fp16", "packed", "evicted"]
 Trimmable = Literal["yes", "until_eviction", "no"]
 
@@ -34,10 +37,12 @@ class MethodInfo:
     default_bits: int | None = None
     deviations: str = ""
     servable: bool = True
+    parts: tuple[str, ...] = ()  # hybrid: (eviction policy, quantizer holding its retained tokens)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["bits_choices"] = list(self.bits_choices)
+        data["parts"] = list(self.parts)
         del data["impl"]
         return data
 
@@ -175,6 +180,53 @@ METHODS: tuple[MethodInfo, ...] = (
     ),
 )
 
+
+def _hybrid(policy: MethodInfo, storage: MethodInfo, impl: str, deviations: str) -> MethodInfo:
+    """An eviction policy whose retained tokens are held in a quantizer's packed per-token form."""
+    return MethodInfo(
+        name=f"{policy.name}_{storage.name}",
+        family="hybrid",
+        summary=f"{policy.name} eviction; the retained tokens are stored as {storage.name} codes (bits per element).",
+        paper=f"{policy.paper}; storage: {storage.paper}",
+        storage="packed",
+        batchable=policy.batchable and storage.batchable,
+        trimmable="until_eviction",
+        impl=impl,
+        bits_choices=storage.bits_choices,
+        default_bits=storage.default_bits,
+        deviations=f"{policy.name}: {policy.deviations} Storage: {deviations}",
+        parts=(policy.name, storage.name),
+    )
+
+
+# Eviction over a quantized store: which (policy, quantizer) pairs are implemented. Only
+# per-token quantizers fit the eviction slots (evicting a token is a gather of its codes rows);
+# QUANTIZERS_NOT_STORABLE says why the others are absent, for the error a user gets.
+_AFFINE_SLOTS = (
+    "Keys and values are stored as per-token affine groups along the head dimension (affine_group_size, "
+    "affine_key_bits as for affine; no rotation, so affine_rotate and seed do not apply); a step's own "
+    "keys are quantized before it attends to them, as in affine; the policy scores tokens from the "
+    "quantized keys, except knorm, which takes norms of the keys before quantization."
+)
+_BY_NAME = {m.name: m for m in METHODS}
+HYBRIDS: tuple[MethodInfo, ...] = tuple(
+    _hybrid(_BY_NAME[policy], _BY_NAME["affine"], f"veloxd.kv.evict.quantized:{cls}AffineCache", _AFFINE_SLOTS)
+    for policy, cls in (
+        ("streaming_llm", "StreamingLLM"),
+        ("knorm", "KNorm"),
+        ("snapkv", "SnapKV"),
+        ("tova", "TOVA"),
+        ("h2o", "H2O"),
+    )
+)
+QUANTIZERS_NOT_STORABLE = {
+    "kivi": "KIVI quantizes keys per channel over groups of tokens, so one token cannot leave its group "
+    "without requantizing the group",
+    "turboquant_mse": "not implemented yet (per-token, so it could be)",
+    "turboquant_prod": "not implemented yet (per-token, so it could be)",
+    "qjl": "not implemented yet (per-token, so it could be)",
+}
+METHODS = METHODS + HYBRIDS
 _BY_NAME = {m.name: m for m in METHODS}
 
 
@@ -187,8 +239,31 @@ def get(name: str) -> MethodInfo:
     """The method called `name`; ValueError naming the valid ones (and a near miss) otherwise."""
     info = _BY_NAME.get(name)
     if info is None or not info.servable:
-        raise ValueError(f"unknown method '{name}'{did_you_mean(name, names())} (valid: {', '.join(names())})")
+        raise ValueError(unknown_method(name))
     return info
+
+
+def unknown_method(name: str) -> str:
+    """Why `name` is not a method: a near miss, or the reason an eviction x quantizer pair is absent."""
+    for policy in (m for m in METHODS if m.family == "eviction"):
+        storage = name.removeprefix(f"{policy.name}_")
+        if storage != name and storage in QUANTIZERS_NOT_STORABLE:
+            have = [m.name for m in HYBRIDS if m.parts[0] == policy.name]
+            return (
+                f"unknown method '{name}': {policy.name} over {storage} storage is not implemented: "
+                f"{QUANTIZERS_NOT_STORABLE[storage]} (implemented: {', '.join(have) or 'none'})"
+            )
+    return f"unknown method '{name}'{did_you_mean(name, names())} (valid: {', '.join(names())})"
+
+
+def parts(name: str) -> tuple[str, ...]:
+    """The methods whose settings apply to `name`: its parts for a hybrid, else itself."""
+    return _BY_NAME[name].parts or (name,)
+
+
+def with_hybrids(*names: str) -> tuple[str, ...]:
+    """`names` and every hybrid built on one of them (the methods a shared setting applies to)."""
+    return (*names, *(m.name for m in HYBRIDS if set(m.parts) & set(names)))
 
 
 def methods_with_bits() -> tuple[str, ...]:

@@ -13,13 +13,32 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import overload
+from typing import Protocol, overload
 
 import mlx.core as mx
 
 from veloxd.kv.ops.blockwise import DEFAULT_BLOCK, MaskFn, blockwise_attention, per_kv_head
 
 WindowRule = Callable[[mx.array, mx.array], mx.array]
+
+
+class Packed(Protocol):
+    """Keys or values of the slots held in a packed form (veloxd.kv.evict.packed), read per block."""
+
+    @property
+    def shape(self) -> tuple[int, int, int]:  # (B, Hkv, slots): what attention reads of a dense operand
+        ...
+
+    def scores(self, q: mx.array, start: int, stop: int) -> mx.array:
+        """q [B, Hkv, R, Lq, D] pre-scaled -> raw scores [B, Hkv, R, Lq, n] against slots [start, stop)."""
+        ...
+
+    def weighted(self, p: mx.array, start: int, stop: int) -> mx.array:
+        """p [B, Hkv, R, Lq, n] -> p @ values of slots [start, stop): [B, Hkv, R, Lq, Dv]."""
+        ...
+
+
+Operand = mx.array | Packed  # dense slots [B, Hkv, S, D], or their packed form
 # probs [B, Hkv, R, Lq, n] (float32), q_start, q_stop -> weight received per key [..., n]
 Reduce = Callable[[mx.array, int, int], mx.array]
 
@@ -55,7 +74,10 @@ def slot_mask(kpos: mx.array, qpos: mx.array, window: WindowRule | None = None, 
     return part
 
 
-def _score_fn(keys: mx.array) -> Callable[[mx.array, int, int], mx.array]:
+def _score_fn(keys: Operand) -> Callable[[mx.array, int, int], mx.array]:
+    if not isinstance(keys, mx.array):
+        return keys.scores
+
     def scores(q: mx.array, start: int, stop: int) -> mx.array:
         k_t = keys[:, :, start:stop].swapaxes(-1, -2).astype(q.dtype)  # [B, Hkv, D, n]
         return per_kv_head(q, lambda rows: rows @ k_t)  # [B, Hkv, R, Lq, n]
@@ -63,7 +85,10 @@ def _score_fn(keys: mx.array) -> Callable[[mx.array, int, int], mx.array]:
     return scores
 
 
-def _value_fn(values: mx.array) -> Callable[[mx.array, int, int], mx.array]:
+def _value_fn(values: Operand) -> Callable[[mx.array, int, int], mx.array]:
+    if not isinstance(values, mx.array):
+        return values.weighted
+
     def weighted(p: mx.array, start: int, stop: int) -> mx.array:
         v = values[:, :, start:stop].astype(p.dtype)  # [B, Hkv, n, Dv]
         return per_kv_head(p, lambda rows: rows @ v)  # [B, Hkv, R, Lq, Dv]
@@ -73,13 +98,13 @@ def _value_fn(values: mx.array) -> Callable[[mx.array, int, int], mx.array]:
 
 def attend(
     queries: mx.array,
-    keys: mx.array,
-    values: mx.array,
+    keys: Operand,
+    values: Operand,
     scale: float,
     mask: str | MaskFn | None,
     block: int = DEFAULT_BLOCK,
 ) -> mx.array:
-    """Attention [B, Hq, L, Dv] of queries [B, Hq, L, D] over slots keys/values [B, Hkv, S, D]."""
+    """Attention [B, Hq, L, Dv] of queries [B, Hq, L, D] over slots keys/values [B, Hkv, S, D] (or packed)."""
     out = blockwise_attention(
         queries, scale, keys.shape[1], keys.shape[2], _score_fn(keys), _value_fn(values), mask, block=block
     )
@@ -91,8 +116,8 @@ def attend(
 @overload
 def received(
     queries: mx.array,
-    keys: mx.array,
-    values: mx.array,
+    keys: Operand,
+    values: Operand,
     scale: float,
     mask: str | MaskFn | None,
     reduce: Reduce,
@@ -101,7 +126,7 @@ def received(
 @overload
 def received(
     queries: mx.array,
-    keys: mx.array,
+    keys: Operand,
     values: None,
     scale: float,
     mask: str | MaskFn | None,
@@ -110,8 +135,8 @@ def received(
 ) -> tuple[None, mx.array]: ...
 def received(
     queries: mx.array,
-    keys: mx.array,
-    values: mx.array | None,
+    keys: Operand,
+    values: Operand | None,
     scale: float,
     mask: str | MaskFn | None,
     reduce: Reduce,

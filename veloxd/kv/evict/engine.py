@@ -91,10 +91,19 @@ class EvictionCache(VeloxCache):
         keys, values, mask = self.attention_view(step)
         return attention.attend(queries, keys, values, scale, mask, self.block)
 
-    def attention_view(self, step: Step) -> tuple[mx.array, mx.array, str | attention.MaskFn | None]:
+    # --- storage hooks: fp16 slots here; veloxd.kv.evict.packed keeps a quantizer's codes instead ---
+    def encode(self, keys: mx.array, values: mx.array) -> dict[str, mx.array]:
+        """Per-slot arrays [B, Hkv, L, ...] that store new keys/values [B, Hkv, L, D]."""
+        return {"keys": keys, "values": values}
+
+    def operands(self, n: int | None = None) -> tuple[attention.Operand, attention.Operand]:
+        """Keys and values of the first `n` slots (all: None), as attention reads them."""
+        return self.slots["keys"][:, :, :n], self.slots["values"][:, :, :n]
+
+    def attention_view(self, step: Step) -> tuple[attention.Operand, attention.Operand, str | attention.MaskFn | None]:
         """Keys, values and their visibility for this step (prefill chunk or decode token)."""
         if step.length > 1:
-            return self.slots["keys"], self.slots["values"], self.step_mask(step)
+            return (*self.operands(), self.step_mask(step))
         return self.decode_view(step)
 
     def enforce(self, step: Step) -> None:
@@ -130,7 +139,7 @@ class EvictionCache(VeloxCache):
         base = [o - a for o, a in zip(self.offsets, lo)]
         step = Step(L, base, lo, hi, None)
         pos = mx.where(step.qvalid(), step.qpos(), EMPTY).astype(mx.int32)  # [B, L]
-        new = {"keys": keys, "values": values, "positions": mx.broadcast_to(pos[:, None], keys.shape[:3])}
+        new = {**self.encode(keys, values), "positions": mx.broadcast_to(pos[:, None], keys.shape[:3])}
         new.update(self.new_extras(keys, values))
         if L == 1:
             self._write_one(new)
@@ -178,7 +187,7 @@ class EvictionCache(VeloxCache):
         own = step.first_slot if step.padded else None  # a padding query sees itself
         return attention.slot_mask(self.slots["positions"][:, :1], step.qpos(), rule, own)
 
-    def decode_view(self, step: Step) -> tuple[mx.array, mx.array, attention.MaskFn | None]:
+    def decode_view(self, step: Step) -> tuple[attention.Operand, attention.Operand, attention.MaskFn | None]:
         """Keys, values and visibility (None: all) for a one-token step.
 
         Every retained token is visible to the newest one (streaming's window rule never hides
@@ -187,11 +196,10 @@ class EvictionCache(VeloxCache):
         one not at the end; compaction packs), so it attends over its first `count` slots.
         """
         if len(self.counts) == 1:
-            n = self.counts[0]
-            return self.slots["keys"][:, :, :n], self.slots["values"][:, :, :n], None
+            return (*self.operands(self.counts[0]), None)
         pos = self.slots["positions"]
         mask = attention.slot_mask(pos[:, :1] if self.uniform_heads else pos, step.qpos())
-        return self.slots["keys"], self.slots["values"], mask
+        return (*self.operands(), mask)
 
     def widen(self, scores: mx.array) -> mx.array:
         """Per-slot scores [.., n] from attention_view, padded with zeros to the buffer width."""

@@ -146,7 +146,7 @@ class SnapKVCache(Batchable, EvictionCache):
     def _stash_scores(self) -> mx.array:
         """Weight each slot receives from the stashed window queries [B, Hkv, C]."""
         mask = attention.slot_mask(self.slots["positions"], self.rows["stash_pos"])
-        stash_q, keys = self.rows["stash_q"], self.slots["keys"]
+        stash_q, keys = self.rows["stash_q"], self.operands()[0]
         _, scores = attention.received(stash_q, keys, None, self._scale, mask, _group_sum, self.block)
         return scores  # [B, Hkv, C]
 

@@ -70,7 +70,7 @@ class AffineCodec(TokenCodec):
         for name, dim in (("key", k_dim), ("value", v_dim)):
             if dim % self.group_size:
                 raise ValueError(
-                    f"affine_group_size={self.group_size} for method affine: the model's {name} "
+                    f"affine_group_size={self.group_size} for method {config.method}: the model's {name} "
                     f"head dimension {dim} is not a multiple of it; choose a group size that divides {dim}"
                 )
         self.rotation = Rotation(k_dim, config.seed, layer.index) if config.affine_rotate else None
