@@ -85,7 +85,8 @@ FIELD_CASES = [
                 13,
                 "$.servers.coder.method",
                 "unknown method 'kivy'; did you mean 'kivi'? (valid: fp16, affine, kivi, "
-                "turboquant_mse, turboquant_prod, qjl, streaming_llm, knorm, snapkv, tova, h2o)",
+                "turboquant_mse, turboquant_prod, qjl, streaming_llm, knorm, snapkv, tova, h2o, "
+                "streaming_llm_affine, knorm_affine, snapkv_affine, tova_affine, h2o_affine)",
             ),
         ],
     ),
@@ -116,7 +117,8 @@ FIELD_CASES = [
                 7,
                 11,
                 "$.servers.coder.bits",
-                "bits does not apply to method h2o (only to: affine, kivi, turboquant_mse, turboquant_prod, qjl)",
+                "bits does not apply to method h2o (only to: affine, kivi, turboquant_mse, turboquant_prod, qjl; "
+                "to keep h2o's tokens as 4-bit codes use method h2o_affine)",
             ),
         ],
     ),

@@ -20,6 +20,7 @@ BUDGETS = {
     "tova": {"tova_budget": 512},
     "h2o": {"h2o_budget": 512},
 }
+BUDGETS |= {h.name: BUDGETS[h.parts[0]] for h in registry.HYBRIDS}  # each policy over affine codes
 LENGTHS = (1024, 2048)  # multiples of the 256-token capacity step, past every budget above
 
 

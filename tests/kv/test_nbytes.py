@@ -20,6 +20,7 @@ SCALE = 0.125
 def config_for(method: str, d: int) -> KVCacheConfig:
     """The method's defaults, with group sizes that divide d and budgets small enough to evict."""
     group = 64 if d % 64 == 0 else 32
+    policy = registry.parts(method)[0]  # a hybrid (snapkv_affine) evicts like its policy
     fields: dict[str, Any] = {
         "affine": {"affine_group_size": group, "affine_rotate": True, "affine_key_bits": 8},
         "kivi": {"kivi_group_size": 32, "kivi_residual_length": 32},
@@ -30,7 +31,9 @@ def config_for(method: str, d: int) -> KVCacheConfig:
         "snapkv": {"snapkv_budget": 32, "snapkv_window": 8},
         "tova": {"tova_budget": 32},
         "h2o": {"h2o_budget": 32, "h2o_window": 8},
-    }.get(method, {})
+    }.get(policy, {})
+    if registry.get(method).family == "hybrid":  # codes, scales and biases with keys at 8 bits, values at 4
+        fields |= {"affine_group_size": group, "affine_key_bits": 8}
     return KVCacheConfig(method=method, **fields)
 
 

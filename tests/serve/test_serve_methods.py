@@ -24,6 +24,7 @@ SETTINGS = {
     "tova": ["--set", "tova_budget=96"],
     "h2o": ["--set", "h2o_budget=96", "--set", "h2o_window=32"],
 }
+SETTINGS |= {h.name: ["--bits", "4", *SETTINGS[h.parts[0]]] for h in registry.HYBRIDS}  # eviction over affine codes
 LONG_PROMPT = " ".join(f"item{i} = compute(item{i - 1}, {i})" for i in range(1, 60))
 
 

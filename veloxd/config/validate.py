@@ -163,7 +163,11 @@ def _value_message(err: ValidationError, path: tuple, value: Any, data: Any) -> 
     key = path[-1] if path else None
     if kind == "not" and key in OWN_KEYS:
         having = registry.methods_with_bits() if key == "bits" else owners(key)
-        return f"{key} does not apply to method {method} (only to: {', '.join(having)})"
+        hybrids = [m for m in having if registry.parts(m)[0] == method and m != method]
+        having = [m for m in having if registry.get(m).family != "hybrid"]
+        hint = f"; to keep {method}'s tokens as {short_repr(value)}-bit codes use method {', '.join(hybrids)}"
+        hint = hint if hybrids else ""
+        return f"{key} does not apply to method {method} (only to: {', '.join(having)}{hint})"
     if kind == "enum" and key == "method" and len(path) == 3:
         return registry.unknown_method(str(value))
     if kind == "enum" and key == "bits" and len(path) == 3:
