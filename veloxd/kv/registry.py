@@ -181,13 +181,13 @@ METHODS: tuple[MethodInfo, ...] = (
 )
 
 
-def _hybrid(policy: MethodInfo, storage: MethodInfo, impl: str, deviations: str) -> MethodInfo:
+def _hybrid(policy: MethodInfo, storage: MethodInfo, impl: str, paper: str, deviations: str) -> MethodInfo:
     """An eviction policy whose retained tokens are held in a quantizer's packed per-token form."""
     return MethodInfo(
         name=f"{policy.name}_{storage.name}",
         family="hybrid",
         summary=f"{policy.name} eviction; the retained tokens are stored as {storage.name} codes (bits per element).",
-        paper=f"{policy.paper}; storage: {storage.paper}",
+        paper=f"{policy.paper}; storage: {paper}",
         storage="packed",
         batchable=policy.batchable and storage.batchable,
         trimmable="until_eviction",
@@ -210,7 +210,13 @@ _AFFINE_SLOTS = (
 )
 _BY_NAME = {m.name: m for m in METHODS}
 HYBRIDS: tuple[MethodInfo, ...] = tuple(
-    _hybrid(_BY_NAME[policy], _BY_NAME["affine"], f"veloxd.kv.evict.quantized:{cls}AffineCache", _AFFINE_SLOTS)
+    _hybrid(
+        _BY_NAME[policy],
+        _BY_NAME["affine"],
+        f"veloxd.kv.evict.quantized:{cls}AffineCache",
+        "per-token affine groups along the head dimension, as mlx's mx.quantize (mlx_lm QuantizedKVCache)",
+        _AFFINE_SLOTS,
+    )
     for policy, cls in (
         ("streaming_llm", "StreamingLLM"),
         ("knorm", "KNorm"),

@@ -1,0 +1,196 @@
+"""Eviction over affine codes (the hybrid methods): attention from the packed slots, head dimensions,
+and the config errors a user sees. Real MLX arrays; the model-level checks are in
+test_quantized_model.py."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+
+from tests.config_support import entry, issues, write_config
+from veloxd.config import load_config
+from veloxd.kv import KVCacheConfig, registry
+from veloxd.kv.base import LayerSpec
+from veloxd.kv.config import KVConfigError
+from veloxd.kv.evict.attention import visible
+from veloxd.kv.evict.packed import KEY_FIELDS, VALUE_FIELDS
+from veloxd.kv.factory import cache_class
+from veloxd.kv.ops.blockwise import dense_reference
+from veloxd.kv.preflight import check
+
+HYBRIDS = [h.name for h in registry.HYBRIDS]
+N_KV = 2
+# Budgets small enough that a 70-token prompt and a few decode steps evict.
+SMALL = {
+    "streaming_llm": {"streaming_llm_sinks": 4, "streaming_llm_window": 28},
+    "knorm": {"knorm_budget": 32, "knorm_window": 8},
+    "snapkv": {"snapkv_budget": 32, "snapkv_window": 8},
+    "tova": {"tova_budget": 32},
+    "h2o": {"h2o_budget": 32, "h2o_window": 8},
+}
+
+
+def config(method: str, d: int, bits: int = 4) -> KVCacheConfig:
+    group = 64 if d % 64 == 0 else 32  # mx.quantize groups must divide the head dimension
+    return KVCacheConfig(method=method, bits=bits, affine_group_size=group, **SMALL[registry.parts(method)[0]])
+
+
+def dequantized_slots(cache, n: int) -> tuple[mx.array, mx.array]:
+    """Keys and values [B, Hkv, n, D] of the first n slots, decoded from the codes (the reference)."""
+    cfg = cache.config
+    key_bits = cfg.affine_key_bits or cfg.bit_width
+    out = []
+    for fields, bits in ((KEY_FIELDS, key_bits), (VALUE_FIELDS, cfg.bit_width)):
+        codes, scales, biases = (cache.slots[f][:, :, :n] for f in fields)
+        out.append(
+            mx.dequantize(
+                codes, scales.astype(mx.float32), biases.astype(mx.float32), group_size=cfg.affine_group_size, bits=bits
+            )
+        )
+    return out[0], out[1]
+
+
+def rel(a: mx.array, b: mx.array) -> float:
+    return (mx.linalg.norm(a - b) / mx.linalg.norm(b)).item()
+
+
+def check_steps(method: str, gqa: int, d: int) -> None:
+    """Prefill 70 tokens then 12 decode steps; every output equals dense attention over the decoded slots."""
+    cache = cache_class(method)(config(method, d), LayerSpec(0, 2))
+    n_q, scale = N_KV * gqa, d**-0.5
+    keys = mx.random.normal((1, N_KV, 82, d), key=mx.random.key(d + gqa))
+    values = mx.random.normal((1, N_KV, 82, d), key=mx.random.key(d + gqa + 1))
+    queries = mx.random.normal((1, n_q, 82, d), key=mx.random.key(d + gqa + 2))
+    cache.update_and_fetch(keys[:, :, :70], values[:, :, :70])
+    k_ref, v_ref = dequantized_slots(cache, 70)  # nothing evicted yet: slots hold the prompt in order
+    pos = mx.arange(70)
+    seen = visible(pos[None, None], pos[None], cache.window_rule())  # [1, 1, 70, 70]: causal (streaming: sinks + window)
+    expected = dense_reference(queries[:, :, :70], k_ref, v_ref, scale, seen)
+    assert rel(cache.attend(queries[:, :, :70], scale, "causal"), expected) < 1e-4
+    for i in range(70, 82):
+        cache.update_and_fetch(keys[:, :, i : i + 1], values[:, :, i : i + 1])
+        n = cache.counts[0]  # one row: its retained tokens fill the first `count` slots at decode
+        k_ref, v_ref = dequantized_slots(cache, n)
+        expected = dense_reference(queries[:, :, i : i + 1], k_ref, v_ref, scale, None)
+        assert rel(cache.attend(queries[:, :, i : i + 1], scale, None), expected) < 1e-4, i
+    assert cache.evicted[0] and cache.size() <= cache.capacity_limit()
+    assert not {"keys", "values"} & set(cache.slots), "an fp16 copy of the retained tokens is held"
+
+
+@pytest.mark.parametrize("d", [64, 96, 128])
+@pytest.mark.parametrize("gqa", [1, 2, 4, 8, 16])
+def test_snapkv_affine_attends_from_the_codes_at_every_shape(gqa: int, d: int) -> None:
+    """GQA 16 x one decode query folds 16 rows: the dequantized-block path; below it, quantized_matmul."""
+    check_steps("snapkv_affine", gqa, d)
+
+
+@pytest.mark.parametrize("method", HYBRIDS)
+def test_every_hybrid_attends_from_the_codes(method: str) -> None:
+    check_steps(method, 4, 128)
+
+
+@pytest.mark.parametrize("method", HYBRIDS)
+def test_retained_tokens_are_rows_of_codes_scales_and_biases(method: str) -> None:
+    """Per-token groups: each slot holds D * bits / 32 code words and D / group scales and biases."""
+    d = 128
+    cache = cache_class(method)(config(method, d, bits=3), LayerSpec(0, 1))
+    cache.update_and_fetch(mx.random.normal((1, N_KV, 70, d)), mx.random.normal((1, N_KV, 70, d)))
+    cache.attend(mx.random.normal((1, N_KV * 2, 70, d)), d**-0.5, "causal")
+    width = cache.width
+    assert cache.slots["k_codes"].shape == cache.slots["v_codes"].shape == (1, N_KV, width, d * 3 // 32)
+    assert cache.slots["k_codes"].dtype == mx.uint32
+    for name in ("k_scales", "k_biases", "v_scales", "v_biases"):
+        assert cache.slots[name].shape == (1, N_KV, width, d // 64) and cache.slots[name].dtype == mx.float16
+
+
+@pytest.mark.parametrize("method", HYBRIDS)
+def test_head_dims_the_groups_cannot_divide_are_refused_before_load(method: str) -> None:
+    """mx.quantize needs groups of 32, 64 or 128 that divide the head: 80 never fits, 96 only with 32."""
+    model_config = {"model_type": "llama", "head_dim": 80}
+    for group in (32, 64, 128):
+        kv = KVCacheConfig(method=method, affine_group_size=group)
+        with pytest.raises(ValueError, match=f"affine_group_size={group} for method {method}: .* head dimension 80"):
+            check(model_config, kv)
+    with pytest.raises(ValueError, match="head dimension 96"):
+        check({"model_type": "llama", "head_dim": 96}, KVCacheConfig(method=method))
+    check({"model_type": "llama", "head_dim": 96}, KVCacheConfig(method=method, affine_group_size=32))
+
+
+def test_registry_lists_each_policy_over_affine_and_no_other_pair() -> None:
+    evicting = [m.name for m in registry.METHODS if m.family == "eviction"]
+    assert HYBRIDS == [f"{p}_affine" for p in evicting]
+    for name in HYBRIDS:
+        info = registry.get(name)
+        assert info.parts == (name.removesuffix("_affine"), "affine") and info.storage == "packed"
+        assert info.bits_choices == registry.get("affine").bits_choices and info.batchable
+        assert hasattr(cache_class(name), "merge") and "mx.quantize" in info.paper
+    assert "SnapKV" in registry.get("snapkv_affine").paper and "Li et al., 2024" in registry.get("snapkv_affine").paper
+    for quantizer in registry.QUANTIZERS_NOT_STORABLE:
+        with pytest.raises(KVConfigError, match=f"snapkv over {quantizer} storage is not implemented") as err:
+            KVCacheConfig(method=f"snapkv_{quantizer}")
+        assert err.value.field == "method"
+
+
+def test_a_hybrid_takes_the_settings_of_both_parts_and_no_other() -> None:
+    kv = KVCacheConfig(method="h2o_affine", bits=2, affine_group_size=32, affine_key_bits=8, h2o_budget=64, h2o_window=16)
+    assert kv.applied() == {
+        "method": "h2o_affine",
+        "bits": 2,
+        "affine_group_size": 32,
+        "affine_key_bits": 8,
+        "h2o_budget": 64,
+        "h2o_window": 16,
+    }
+    for wrong in ({"affine_rotate": True}, {"seed": 1}, {"snapkv_budget": 8}):
+        with pytest.raises(KVConfigError, match="applies to method") as err:
+            KVCacheConfig(method="h2o_affine", **wrong)
+        assert err.value.field == next(iter(wrong))
+
+
+BAD = [
+    (
+        "unimplemented-pair",
+        "method: snapkv_kivi",
+        (6, 13, "$.servers.coder.method", "snapkv over kivi storage is not implemented: KIVI quantizes keys per channel"),
+    ),
+    (
+        "rotation-of-the-storage",
+        "method: snapkv_affine\noverrides: {affine_rotate: true}",
+        (7, 17, "$.servers.coder.overrides.affine_rotate", "affine_rotate applies to method affine, not snapkv_affine"),
+    ),
+    (
+        "bits-of-the-storage",
+        "method: snapkv_affine\nbits: 5",
+        (7, 11, "$.servers.coder.bits", "bits=5 is not valid for method snapkv_affine; choose one of [2, 3, 4, 6, 8]"),
+    ),
+    (
+        "policy-cross-field",
+        "method: snapkv_affine\noverrides:\n  snapkv_budget: 32\n  snapkv_window: 64",
+        (9, 22, "$.servers.coder.overrides.snapkv_window", "snapkv_window=64 for method snapkv_affine: must not exceed"),
+    ),
+    (
+        "bits-on-the-plain-policy",
+        "method: tova\nbits: 4",
+        (7, 11, "$.servers.coder.bits", "to keep tova's tokens as 4-bit codes use method tova_affine"),
+    ),
+]
+
+
+@pytest.mark.parametrize(("body", "expected"), [b[1:] for b in BAD], ids=[b[0] for b in BAD])
+def test_a_bad_hybrid_entry_fails_at_its_line_and_column(tmp_path: Path, body: str, expected: tuple) -> None:
+    found = issues(write_config(tmp_path, entry(f"model: ./model\nport: 8081\n{body}"), dedent=False))
+    assert len(found) == 1, found
+    line, column, path, message = found[0]
+    assert (line, column, path) == expected[:3] and expected[3] in message, found
+
+
+def test_a_hybrid_entry_loads_with_the_settings_of_both_parts(tmp_path: Path) -> None:
+    body = "method: snapkv_affine\nbits: 3\noverrides: {snapkv_budget: 256, affine_group_size: 32}"
+    server = load_config(write_config(tmp_path, entry(f"model: ./model\nport: 8081\n{body}"), dedent=False))
+    kv = server.servers["coder"].kv
+    assert (kv.method, kv.bits, kv.snapkv_budget, kv.affine_group_size) == ("snapkv_affine", 3, 256, 32)
+    argv = server.servers["coder"].serve_argv()
+    assert KVCacheConfig.from_dict(json.loads(argv[argv.index("--kv-json") + 1])) == kv  # what the worker runs
