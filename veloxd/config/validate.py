@@ -164,10 +164,10 @@ def _value_message(err: ValidationError, path: tuple, value: Any, data: Any) -> 
     if kind == "not" and key in OWN_KEYS:
         having = registry.methods_with_bits() if key == "bits" else owners(key)
         hybrids = [m for m in having if registry.parts(m)[0] == method and m != method]
-        having = [m for m in having if registry.get(m).family != "hybrid"]
+        plain = [m for m in having if registry.get(m).family != "hybrid"]
         hint = f"; to keep {method}'s tokens as {short_repr(value)}-bit codes use method {', '.join(hybrids)}"
         hint = hint if hybrids else ""
-        return f"{key} does not apply to method {method} (only to: {', '.join(having)}{hint})"
+        return f"{key} does not apply to method {method} (only to: {', '.join(plain)}{hint})"
     if kind == "enum" and key == "method" and len(path) == 3:
         return registry.unknown_method(str(value))
     if kind == "enum" and key == "bits" and len(path) == 3:

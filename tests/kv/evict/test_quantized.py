@@ -67,7 +67,9 @@ def check_steps(method: str, gqa: int, d: int) -> None:
     cache.update_and_fetch(keys[:, :, :70], values[:, :, :70])
     k_ref, v_ref = dequantized_slots(cache, 70)  # nothing evicted yet: slots hold the prompt in order
     pos = mx.arange(70)
-    seen = visible(pos[None, None], pos[None], cache.window_rule())  # [1, 1, 70, 70]: causal (streaming: sinks + window)
+    seen = visible(
+        pos[None, None], pos[None], cache.window_rule()
+    )  # [1, 1, 70, 70]: causal (streaming: sinks + window)
     expected = dense_reference(queries[:, :, :70], k_ref, v_ref, scale, seen)
     assert rel(cache.attend(queries[:, :, :70], scale, "causal"), expected) < 1e-4
     for i in range(70, 82):
@@ -121,7 +123,7 @@ def test_head_dims_the_groups_cannot_divide_are_refused_before_load(method: str)
 
 def test_registry_lists_each_policy_over_affine_and_no_other_pair() -> None:
     evicting = [m.name for m in registry.METHODS if m.family == "eviction"]
-    assert HYBRIDS == [f"{p}_affine" for p in evicting]
+    assert [f"{p}_affine" for p in evicting] == HYBRIDS
     for name in HYBRIDS:
         info = registry.get(name)
         assert info.parts == (name.removesuffix("_affine"), "affine") and info.storage == "packed"
@@ -135,7 +137,9 @@ def test_registry_lists_each_policy_over_affine_and_no_other_pair() -> None:
 
 
 def test_a_hybrid_takes_the_settings_of_both_parts_and_no_other() -> None:
-    kv = KVCacheConfig(method="h2o_affine", bits=2, affine_group_size=32, affine_key_bits=8, h2o_budget=64, h2o_window=16)
+    kv = KVCacheConfig(
+        method="h2o_affine", bits=2, affine_group_size=32, affine_key_bits=8, h2o_budget=64, h2o_window=16
+    )
     assert kv.applied() == {
         "method": "h2o_affine",
         "bits": 2,
@@ -154,7 +158,12 @@ BAD = [
     (
         "unimplemented-pair",
         "method: snapkv_kivi",
-        (6, 13, "$.servers.coder.method", "snapkv over kivi storage is not implemented: KIVI quantizes keys per channel"),
+        (
+            6,
+            13,
+            "$.servers.coder.method",
+            "snapkv over kivi storage is not implemented: KIVI quantizes keys per channel",
+        ),
     ),
     (
         "rotation-of-the-storage",
@@ -169,7 +178,12 @@ BAD = [
     (
         "policy-cross-field",
         "method: snapkv_affine\noverrides:\n  snapkv_budget: 32\n  snapkv_window: 64",
-        (9, 22, "$.servers.coder.overrides.snapkv_window", "snapkv_window=64 for method snapkv_affine: must not exceed"),
+        (
+            9,
+            22,
+            "$.servers.coder.overrides.snapkv_window",
+            "snapkv_window=64 for method snapkv_affine: must not exceed",
+        ),
     ),
     (
         "bits-on-the-plain-policy",
