@@ -38,7 +38,8 @@ def run(args: argparse.Namespace) -> int:
             data.append(entry)
         print(json.dumps({"schema_version": 1, "methods": data}, indent=2))
         return 0
-    print(f"{'method':<16} {'family':<13} {'storage':<8} {'bits':<14} {'batchable':<10} {'trimmable':<15} fields")
+    width = max(16, *(len(info.name) + 1 for info in methods))  # hybrids: streaming_llm_affine
+    print(f"{'method':<{width}} {'family':<13} {'storage':<8} {'bits':<14} {'batchable':<10} {'trimmable':<15} fields")
     for info in methods:
         bits = ",".join(map(str, info.bits_choices)) or "-"
         if info.default_bits is not None:
@@ -46,8 +47,9 @@ def run(args: argparse.Namespace) -> int:
         fields = ", ".join(n for n in fields_for(info.name) if n != "bits") or "-"  # bits: own column
         batch = "yes" if info.batchable else "no"
         print(
-            f"{info.name:<16} {info.family:<13} {info.storage:<8} {bits:<14} {batch:<10} {info.trimmable:<15} {fields}"
+            f"{info.name:<{width}} {info.family:<13} {info.storage:<8} {bits:<14} {batch:<10} {info.trimmable:<15} {fields}"
         )
     print("\nstorage: packed = resident bytes really shrink; evicted = bounded token count; fp16 = baseline.")
+    print("hybrid: an eviction policy whose retained tokens are stored as a quantizer's codes (<policy>_<quantizer>).")
     print("Every method listed is servable; none falls back to fp16.")
     return 0
