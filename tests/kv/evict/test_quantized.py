@@ -208,3 +208,19 @@ def test_a_hybrid_entry_loads_with_the_settings_of_both_parts(tmp_path: Path) ->
     assert (kv.method, kv.bits, kv.snapkv_budget, kv.affine_group_size) == ("snapkv_affine", 3, 256, 32)
     argv = server.servers["coder"].serve_argv()
     assert KVCacheConfig.from_dict(json.loads(argv[argv.index("--kv-json") + 1])) == kv  # what the worker runs
+
+
+@pytest.mark.parametrize("method", HYBRIDS)
+def test_trim_is_exact_until_eviction(method: str) -> None:
+    """Trimming 5 of 20 codes rows gives what a cache fed 15 holds (per-token codes: nothing to requantize)."""
+    d, scale = 128, 128**-0.5
+    keys, values = mx.random.normal((1, N_KV, 21, d)), mx.random.normal((1, N_KV, 21, d))
+    query = mx.random.normal((1, N_KV * 2, 1, d))
+    trimmed, fresh = (cache_class(method)(config(method, d), LayerSpec(0, 1)) for _ in range(2))
+    trimmed.update_and_fetch(keys[:, :, :20], values[:, :, :20])
+    assert trimmed.is_trimmable() and trimmed.trim(5) == 5 and trimmed.offset == trimmed.size() == 15
+    fresh.update_and_fetch(keys[:, :, :15], values[:, :, :15])
+    for cache in (trimmed, fresh):
+        cache.update_and_fetch(keys[:, :, 20:], values[:, :, 20:])
+    assert mx.array_equal(trimmed.attend(query, scale, None), fresh.attend(query, scale, None))
+    assert trimmed.nbytes == fresh.nbytes

@@ -22,23 +22,28 @@ from veloxd.kv.ops.blockwise import DEFAULT_BLOCK, MaskFn, blockwise_attention, 
 WindowRule = Callable[[mx.array, mx.array], mx.array]
 
 
-class Packed(Protocol):
-    """Keys or values of the slots held in a packed form (veloxd.kv.evict.packed), read per block."""
+class PackedKeys(Protocol):
+    """Keys of the slots held in a packed form (veloxd.kv.evict.packed), scored one block at a time."""
 
     @property
-    def shape(self) -> tuple[int, int, int]:  # (B, Hkv, slots): what attention reads of a dense operand
+    def shape(self) -> tuple[int, int, int]:  # (B, Hkv, slots): what attention reads of dense keys
         ...
 
     def scores(self, q: mx.array, start: int, stop: int) -> mx.array:
         """q [B, Hkv, R, Lq, D] pre-scaled -> raw scores [B, Hkv, R, Lq, n] against slots [start, stop)."""
         ...
 
+
+class PackedValues(Protocol):
+    """Values of the slots held in a packed form, read one block at a time."""
+
     def weighted(self, p: mx.array, start: int, stop: int) -> mx.array:
         """p [B, Hkv, R, Lq, n] -> p @ values of slots [start, stop): [B, Hkv, R, Lq, Dv]."""
         ...
 
 
-Operand = mx.array | Packed  # dense slots [B, Hkv, S, D], or their packed form
+Keys = mx.array | PackedKeys  # dense slots [B, Hkv, S, D], or their packed form
+Values = mx.array | PackedValues
 # probs [B, Hkv, R, Lq, n] (float32), q_start, q_stop -> weight received per key [..., n]
 Reduce = Callable[[mx.array, int, int], mx.array]
 
@@ -74,7 +79,7 @@ def slot_mask(kpos: mx.array, qpos: mx.array, window: WindowRule | None = None, 
     return part
 
 
-def _score_fn(keys: Operand) -> Callable[[mx.array, int, int], mx.array]:
+def _score_fn(keys: Keys) -> Callable[[mx.array, int, int], mx.array]:
     if not isinstance(keys, mx.array):
         return keys.scores
 
@@ -85,7 +90,7 @@ def _score_fn(keys: Operand) -> Callable[[mx.array, int, int], mx.array]:
     return scores
 
 
-def _value_fn(values: Operand) -> Callable[[mx.array, int, int], mx.array]:
+def _value_fn(values: Values) -> Callable[[mx.array, int, int], mx.array]:
     if not isinstance(values, mx.array):
         return values.weighted
 
@@ -98,8 +103,8 @@ def _value_fn(values: Operand) -> Callable[[mx.array, int, int], mx.array]:
 
 def attend(
     queries: mx.array,
-    keys: Operand,
-    values: Operand,
+    keys: Keys,
+    values: Values,
     scale: float,
     mask: str | MaskFn | None,
     block: int = DEFAULT_BLOCK,
@@ -116,8 +121,8 @@ def attend(
 @overload
 def received(
     queries: mx.array,
-    keys: Operand,
-    values: Operand,
+    keys: Keys,
+    values: Values,
     scale: float,
     mask: str | MaskFn | None,
     reduce: Reduce,
@@ -126,7 +131,7 @@ def received(
 @overload
 def received(
     queries: mx.array,
-    keys: Operand,
+    keys: Keys,
     values: None,
     scale: float,
     mask: str | MaskFn | None,
@@ -135,8 +140,8 @@ def received(
 ) -> tuple[None, mx.array]: ...
 def received(
     queries: mx.array,
-    keys: Operand,
-    values: Operand | None,
+    keys: Keys,
+    values: Values | None,
     scale: float,
     mask: str | MaskFn | None,
     reduce: Reduce,

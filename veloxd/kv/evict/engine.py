@@ -96,11 +96,11 @@ class EvictionCache(VeloxCache):
         """Per-slot arrays [B, Hkv, L, ...] that store new keys/values [B, Hkv, L, D]."""
         return {"keys": keys, "values": values}
 
-    def operands(self, n: int | None = None) -> tuple[attention.Operand, attention.Operand]:
+    def operands(self, n: int | None = None) -> tuple[attention.Keys, attention.Values]:
         """Keys and values of the first `n` slots (all: None), as attention reads them."""
         return self.slots["keys"][:, :, :n], self.slots["values"][:, :, :n]
 
-    def attention_view(self, step: Step) -> tuple[attention.Operand, attention.Operand, str | attention.MaskFn | None]:
+    def attention_view(self, step: Step) -> tuple[attention.Keys, attention.Values, str | attention.MaskFn | None]:
         """Keys, values and their visibility for this step (prefill chunk or decode token)."""
         if step.length > 1:
             return (*self.operands(), self.step_mask(step))
@@ -187,7 +187,7 @@ class EvictionCache(VeloxCache):
         own = step.first_slot if step.padded else None  # a padding query sees itself
         return attention.slot_mask(self.slots["positions"][:, :1], step.qpos(), rule, own)
 
-    def decode_view(self, step: Step) -> tuple[attention.Operand, attention.Operand, attention.MaskFn | None]:
+    def decode_view(self, step: Step) -> tuple[attention.Keys, attention.Values, attention.MaskFn | None]:
         """Keys, values and visibility (None: all) for a one-token step.
 
         Every retained token is visible to the newest one (streaming's window rule never hides

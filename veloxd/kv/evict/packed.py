@@ -34,7 +34,7 @@ import mlx.core as mx
 
 from veloxd.kv.base import LayerSpec
 from veloxd.kv.config import KVCacheConfig
-from veloxd.kv.evict.attention import Operand
+from veloxd.kv.evict.attention import Keys, Values
 from veloxd.kv.evict.engine import EvictionCache
 from veloxd.kv.quant.affine import AffineCodec
 
@@ -43,7 +43,7 @@ VALUE_FIELDS = ("v_codes", "v_scales", "v_biases")
 
 
 @dataclass(frozen=True)
-class PackedKeys:
+class AffineKeys:
     """The keys of the first `length` slots as codes; scores of one block at a time."""
 
     codec: AffineCodec
@@ -59,25 +59,13 @@ class PackedKeys:
         block = {n: a[:, :, start:stop] for n, a in self.arrays.items()}  # [B, Hkv, n, ...]
         return self.codec.scores(q, block)  # [B, Hkv, R, Lq, n]
 
-    def weighted(self, p: mx.array, start: int, stop: int) -> mx.array:
-        raise TypeError("PackedKeys holds keys, not values")
-
 
 @dataclass(frozen=True)
-class PackedValues:
-    """The values of the first `length` slots as codes; p @ values one block at a time."""
+class AffineValues:
+    """The values of the slots as codes; p @ values one block at a time (the keys bound the length)."""
 
     codec: AffineCodec
     arrays: dict[str, mx.array]  # VALUE_FIELDS -> [B, Hkv, C, ...]
-    length: int
-
-    @property
-    def shape(self) -> tuple[int, int, int]:
-        B, n_kv_heads = self.arrays["v_codes"].shape[:2]
-        return B, n_kv_heads, self.length
-
-    def scores(self, q: mx.array, start: int, stop: int) -> mx.array:
-        raise TypeError("PackedValues holds values, not keys")
 
     def weighted(self, p: mx.array, start: int, stop: int) -> mx.array:
         block = {n: a[:, :, start:stop] for n, a in self.arrays.items()}  # [B, Hkv, n, ...]
@@ -106,8 +94,7 @@ class AffineSlots(EvictionCache):
             self._codec = AffineCodec(self.config, self.layer, keys.shape[-1], values.shape[-1])
         return self._codec.encode(keys, values)  # six arrays [B, Hkv, L, ...]
 
-    def operands(self, n: int | None = None) -> tuple[Operand, Operand]:
+    def operands(self, n: int | None = None) -> tuple[Keys, Values]:
         length = self.width if n is None else n
-        keys = PackedKeys(self.codec(), {f: self.slots[f] for f in KEY_FIELDS}, length)
-        values = PackedValues(self.codec(), {f: self.slots[f] for f in VALUE_FIELDS}, length)
-        return keys, values
+        keys = AffineKeys(self.codec(), {f: self.slots[f] for f in KEY_FIELDS}, length)
+        return keys, AffineValues(self.codec(), {f: self.slots[f] for f in VALUE_FIELDS})
