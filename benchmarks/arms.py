@@ -22,7 +22,7 @@ EVICTION_FIXED_BUDGET = 512  # the "512 tokens at 4k" budget
 class Arm:
     label: str
     method: str  # a registry name, or PEER
-    family: str  # baseline / quantization / eviction / peer
+    family: str  # baseline / quantization / eviction / hybrid / peer
     bits: int | None = None
     settings: dict[str, Any] = field(default_factory=dict)
     budget: int | None = None  # eviction: tokens kept per layer
@@ -111,12 +111,35 @@ def eviction_arms(context: int) -> list[Arm]:
     return arms
 
 
+def hybrid_arms(context: int, quick: bool) -> list[Arm]:
+    """Each eviction policy over its quantizer's codes, at the eviction budgets and the storage's
+    default bits (quick: snapkv_affine only), labelled `<method>-<bits>-<budget>`."""
+    arms = []
+    for policy_arm in eviction_arms(context):
+        for info in registry.METHODS:
+            if (
+                info.family != "hybrid"
+                or info.parts[0] != policy_arm.method
+                or (quick and info.name != "snapkv_affine")
+            ):
+                continue
+            bits = info.default_bits
+            label = f"{info.name}-{bits}-{policy_arm.budget}"
+            arms.append(Arm(label, info.name, "hybrid", bits, dict(policy_arm.settings), policy_arm.budget))
+            if info.name == "snapkv_affine" and not quick:  # rotated keys, for outlier channels
+                rotated = {**policy_arm.settings, "affine_rotate": True}
+                label = f"{info.name}-rot-{bits}-{policy_arm.budget}"
+                arms.append(Arm(label, info.name, "hybrid", bits, rotated, policy_arm.budget))
+    return arms
+
+
 def all_arms(context: int, quick: bool = False) -> list[Arm]:
-    """fp16 first (the reference), then the peer, quantizers and eviction methods."""
+    """fp16 first (the reference), then the peer, quantizers, eviction methods and hybrids."""
     arms = [Arm("fp16", "fp16", "baseline")]
     arms += [Arm(f"mlx-q{b}", PEER, "peer", b) for b in PEER_BITS if not quick or b in (4, 8)]
     arms += quantizer_arms(quick)
     arms += eviction_arms(context)
+    arms += hybrid_arms(context, quick)
     return arms
 
 

@@ -61,6 +61,7 @@ class Plan:
             "qjl-4",
         )
         at_4k += tuple(f"{m}-{b}" for m in ("streaming_llm", "knorm", "snapkv", "tova", "h2o") for b in (512, 1024))
+        at_4k += ("snapkv_affine-4-512", "snapkv_affine-rot-4-512", "h2o_affine-4-512")
         at_8k = (
             "fp16",
             "mlx-q4",
@@ -174,7 +175,7 @@ def passkey_rows(
 ) -> list[dict]:
     length = plan.passkey_length
     cases = trials(passkey, filler, length, plan.passkey_depths, plan.passkey_keys)
-    chosen = [a for a in arms if a.label == "fp16" or a.family == "eviction" or a.bits == 2]
+    chosen = [a for a in arms if a.label == "fp16" or a.family in ("eviction", "hybrid") or a.bits == 2]
     rows = []
     for variant in variants:
         for arm in chosen:

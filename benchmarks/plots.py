@@ -16,6 +16,7 @@ STYLE = {
     "peer": ("tab:red", "s"),
     "quantization": ("tab:blue", "o"),
     "eviction": ("tab:green", "^"),
+    "hybrid": ("tab:purple", "D"),  # eviction over a quantized store
 }
 
 

@@ -32,8 +32,8 @@ def config_for(method: str, d: int) -> KVCacheConfig:
         "tova": {"tova_budget": 32},
         "h2o": {"h2o_budget": 32, "h2o_window": 8},
     }.get(policy, {})
-    if registry.get(method).family == "hybrid":  # codes, scales and biases with keys at 8 bits, values at 4
-        fields |= {"affine_group_size": group, "affine_key_bits": 8}
+    if registry.get(method).family == "hybrid":  # codes, scales, biases (keys 8-bit, values 4-bit), rotation
+        fields |= {"affine_group_size": group, "affine_key_bits": 8, "affine_rotate": True}
     return KVCacheConfig(method=method, **fields)
 
 

@@ -18,7 +18,7 @@ from veloxd.kv import registry
 # other setting of a method goes in its `overrides` mapping (or `--set FIELD=VALUE`).
 OWN_KEYS = ("bits", "seed")
 TURBOQUANT = ("turboquant_mse", "turboquant_prod")
-SEEDED = ("affine", "turboquant_mse", "turboquant_prod", "qjl")
+SEEDED = (*registry.with_hybrids("affine"), "turboquant_mse", "turboquant_prod", "qjl")
 
 
 class KVConfigError(ValueError):
@@ -92,7 +92,7 @@ class KVCacheConfig:
     )
     affine_rotate: bool = setting(
         False,
-        methods=("affine",),
+        methods=registry.with_hybrids("affine"),
         kind=bool,
         help="Rotate keys and queries by a randomized Hadamard transform to spread outlier channels.",
     )

@@ -204,9 +204,9 @@ def _hybrid(policy: MethodInfo, storage: MethodInfo, impl: str, paper: str, devi
 # QUANTIZERS_NOT_STORABLE says why the others are absent, for the error a user gets.
 _AFFINE_SLOTS = (
     "Keys and values are stored as per-token affine groups along the head dimension (affine_group_size, "
-    "affine_key_bits as for affine; no rotation, so affine_rotate and seed do not apply); a step's own "
-    "keys are quantized before it attends to them, as in affine; the policy scores tokens from the "
-    "quantized keys, except knorm, which takes norms of the keys before quantization."
+    "affine_key_bits, affine_rotate and seed as for affine; rotated keys meet rotated queries in every "
+    "score); a step's own keys are quantized before it attends to them, as in affine; the policy scores "
+    "tokens from the quantized keys, except knorm, which takes norms of the keys before quantization."
 )
 _BY_NAME = {m.name: m for m in METHODS}
 HYBRIDS: tuple[MethodInfo, ...] = tuple(

@@ -16,10 +16,11 @@ the keys before quantization).
 Papers: the policies' own (SnapKV, Li et al., 2024, arXiv 2404.14469; H2O, TOVA, K-norm,
 StreamingLLM: see their modules); the storage is per-token group quantization as in mlx's
 `mx.quantize` and mlx_lm's QuantizedKVCache.
+`affine_rotate` applies affine's randomized Hadamard rotation (QuaRot, Ashkboos et al., 2024,
+arXiv 2404.00456) to keys before quantization, and to every query where it meets the codes.
 Deviations: SnapKV and the others score and evict full-precision caches; here the tokens a step
 appends are quantized before the step attends to them (as `affine` does) and the scores come
-from the quantized keys, so a token's quantization error can change which tokens are kept. No
-Hadamard rotation (affine_rotate): SnapKV's stashed queries would have to be rotated too.
+from the quantized keys, so a token's quantization error can change which tokens are kept.
 
 KIVI is not offered as a storage: it quantizes keys per channel over groups of G consecutive
 tokens (one scale per channel and group), so evicting one token, or writing a decode token into
@@ -57,7 +58,10 @@ class AffineKeys:
 
     def scores(self, q: mx.array, start: int, stop: int) -> mx.array:
         block = {n: a[:, :, start:stop] for n, a in self.arrays.items()}  # [B, Hkv, n, ...]
-        return self.codec.scores(q, block)  # [B, Hkv, R, Lq, n]
+        # Rotated keys (affine_rotate) need rotated queries. Rotating here, per key block, covers every
+        # query a policy scores with (the step's, SnapKV's stash, TOVA's last) at ~log2(D)/block of
+        # the block's matmul, instead of a rotation at each call site.
+        return self.codec.scores(self.codec.rotate_queries(q), block)  # [B, Hkv, R, Lq, n]
 
 
 @dataclass(frozen=True)
@@ -93,6 +97,10 @@ class AffineSlots(EvictionCache):
         if self._codec is None:
             self._codec = AffineCodec(self.config, self.layer, keys.shape[-1], values.shape[-1])
         return self._codec.encode(keys, values)  # six arrays [B, Hkv, L, ...]
+
+    def arrays(self) -> list[mx.array]:
+        """The slots and rows, plus the codec's rotation (signs; a [D, D] matrix when D is not a power of two)."""
+        return [*super().arrays(), *(self._codec.constants() if self._codec is not None else [])]
 
     def operands(self, n: int | None = None) -> tuple[Keys, Values]:
         length = self.width if n is None else n
