@@ -145,3 +145,18 @@ def test_kv_benchmark_pipeline_measures_writes_and_renders(tiny_model, tmp_path)
     text = report.kv_section(result)
     assert "| `affine-4` |" in text and "Pareto front" in text
     assert "# Results" in readme_section.render(result, contexts=(160,))
+
+
+def test_every_planned_label_is_an_arm_and_hybrids_are_arms() -> None:
+    """The full plan names arms by label; a renamed or missing arm would silently drop from the run."""
+    from benchmarks import arms, kv
+    from veloxd.kv import registry
+
+    plan = kv.Plan.full()
+    for context, labels in plan.subsets.items():
+        have = {a.label for a in arms.all_arms(context)}
+        assert set(labels) <= have, set(labels) - have
+    at_1k = {a.label: a for a in arms.all_arms(1024)}
+    for info in registry.HYBRIDS:
+        arm = at_1k[f"{info.name}-4-256"]
+        assert arm.family == "hybrid" and arm.config() is not None and arm.config().method == info.name
