@@ -4,6 +4,7 @@ test_quantized_model.py."""
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import mlx.core as mx
 import pytest
 
 from tests.config_support import entry, issues, write_config
+from tests.kv.support import held_arrays
 from veloxd.config import load_config
 from veloxd.kv import KVCacheConfig, registry
 from veloxd.kv.base import LayerSpec
@@ -22,6 +24,7 @@ from veloxd.kv.ops.blockwise import dense_reference
 from veloxd.kv.preflight import check
 
 HYBRIDS = [h.name for h in registry.HYBRIDS]
+
 N_KV = 2
 # Budgets small enough that a 70-token prompt and a few decode steps evict.
 SMALL = {
@@ -253,3 +256,65 @@ def test_rotation_tames_outlier_key_channels() -> None:
         cache.update_and_fetch(k, v)
         errors[rotate] = rel(cache.attend(q, 128**-0.5, "causal"), exact)
     assert errors[True] < 0.7 * errors[False], errors
+
+
+def feed(cache, k: mx.array, v: mx.array, q: mx.array) -> mx.array:
+    cache.update_and_fetch(k, v)
+    return cache.attend(q, 128**-0.5, "causal" if q.shape[2] > 1 else None)
+
+
+@pytest.mark.parametrize("method", [*HYBRIDS, "snapkv"])
+def test_batch_moves_match_single_requests_while_evicting(method: str) -> None:
+    """merge -> right-padded chunk -> evicting decode -> filter -> extend -> extract, row for row.
+    Plain snapkv too: it pooled its scores in slot order, and a batch row's slots are not in position
+    order, so batched rows kept other tokens (this test found it)."""
+    d = 128
+    cfg = config(method, d) if method in HYBRIDS else KVCacheConfig(method=method, **SMALL[method])
+    cls = cache_class(method)
+
+    def rand(rows: int, n: int, seed: int) -> tuple[mx.array, mx.array, mx.array]:
+        k1, k2, k3 = mx.random.split(mx.random.key(seed), 3)
+        shape = (rows, N_KV, n, d)
+        return (
+            mx.random.normal(shape, key=k1),
+            mx.random.normal(shape, key=k2),
+            mx.random.normal((rows, 2 * N_KV, n, d), key=k3),
+        )
+
+    singles = [cls(cfg, LayerSpec(0, 1)) for _ in range(3)]
+    for cache, n in zip(singles, (40, 0, 20)):
+        if n:
+            feed(cache, *rand(1, n, n))
+    batch = cls.merge(copy.deepcopy(singles))
+
+    def step(lengths: list[int], seed: int) -> None:
+        width = max(lengths)
+        k, v, q = rand(len(lengths), width, seed)
+        if width > 1:
+            batch.prepare(lengths=lengths, right_padding=[width - n for n in lengths])
+        out = feed(batch, k, v, q)
+        batch.finalize()
+        for b, (single, n) in enumerate(zip(singles, lengths)):
+            expected = feed(single, k[b : b + 1, :, :n], v[b : b + 1, :, :n], q[b : b + 1, :, :n])
+            assert mx.abs(out[b : b + 1, :, :n] - expected).max().item() < 1e-4, (seed, b)
+        assert batch.offset.tolist() == [s.offset for s in singles]
+
+    step([5, 12, 3], 100)  # right-padded prompt chunk
+    for i in range(30):  # past every budget: each row evicts on its own
+        step([1] * len(singles), 200 + i)
+    assert all(s.evicted[0] for s in singles) and batch.evicted == [True, True, True]
+    batch.filter([2, 0])
+    singles = [singles[2], singles[0]]
+    step([1, 1], 300)
+    late = cls(cfg, LayerSpec(0, 1))
+    feed(late, *rand(1, 50, 400))
+    batch.extend(cls.merge([copy.deepcopy(late)]))
+    singles.append(late)
+    for i in range(3):
+        step([1, 1, 1], 500 + i)
+    k, v, q = rand(1, 1, 600)
+    for b, single in enumerate(singles):
+        extracted = batch.extract(b)
+        assert type(extracted) is cls and extracted.size() == single.size() and extracted.offset == single.offset
+        assert mx.abs(feed(extracted, k, v, q) - feed(single, k, v, q)).max().item() < 1e-4
+    assert batch.nbytes == sum(a.nbytes for a in held_arrays(batch))

@@ -153,7 +153,13 @@ class SnapKVCache(Batchable, EvictionCache):
     def _compress(self, rows: list[bool], scores: mx.array) -> None:
         window = self.recent(self.config.snapkv_window)
         free = self.slots["positions"] == EMPTY
-        pooled = attention.max_pool(mx.where(window | free, 0.0, scores), self.config.snapkv_kernel)
+        # Pool over neighbours in position order, not slot order: a batch row's slots are not in
+        # position order (decode fills free slots left before a later chunk by merge or padding),
+        # and pooling by slot made batched rows keep other tokens than the same request alone.
+        order = mx.argsort(self.slots["positions"], axis=-1)  # [B, Hkv, C]: free slots (EMPTY) last
+        by_position = mx.take_along_axis(mx.where(window | free, 0.0, scores), order, axis=-1)
+        pooled_by_position = attention.max_pool(by_position, self.config.snapkv_kernel)
+        pooled = mx.take_along_axis(pooled_by_position, mx.argsort(order, axis=-1), axis=-1)  # back to slot order
         keep = [min(c, self.budget) if r else c for r, c in zip(rows, self.counts)]
         self.compact(mx.where(window, mx.inf, pooled), keep)
         self.mark_evicted(rows)
