@@ -11,7 +11,7 @@ Attention reads the codes one key block at a time through the affine primitives
 (`packed_matmul`: quantized_matmul for decode, one dequantized block for prefill), inside
 veloxd.kv.ops.blockwise, so the cache is never dequantized whole. The policies' scores are
 unchanged: they come from the same attention pass over the quantized keys (knorm: the norms of
-the keys before quantization).
+the keys before quantization). SnapKV holds a prompt whole until it ends: here as codes.
 
 Papers: the policies' own (SnapKV, Li et al., 2024, arXiv 2404.14469; H2O, TOVA, K-norm,
 StreamingLLM: see their modules); the storage is per-token group quantization as in mlx's
