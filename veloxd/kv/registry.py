@@ -47,7 +47,7 @@ class MethodInfo:
         return data
 
 
-METHODS: tuple[MethodInfo, ...] = (
+_SINGLE: tuple[MethodInfo, ...] = (  # the baseline, the quantizers, the eviction policies
     MethodInfo(
         name="fp16",
         family="baseline",
@@ -208,11 +208,11 @@ _AFFINE_SLOTS = (
     "score); a step's own keys are quantized before it attends to them, as in affine; the policy scores "
     "tokens from the quantized keys, except knorm, which takes norms of the keys before quantization."
 )
-_BY_NAME = {m.name: m for m in METHODS}
+_SINGLE_BY_NAME = {m.name: m for m in _SINGLE}
 HYBRIDS: tuple[MethodInfo, ...] = tuple(
     _hybrid(
-        _BY_NAME[policy],
-        _BY_NAME["affine"],
+        _SINGLE_BY_NAME[policy],
+        _SINGLE_BY_NAME["affine"],
         f"veloxd.kv.evict.quantized:{cls}AffineCache",
         "per-token affine groups along the head dimension, as mlx's mx.quantize (mlx_lm QuantizedKVCache)",
         _AFFINE_SLOTS,
@@ -232,7 +232,7 @@ QUANTIZERS_NOT_STORABLE = {
     "turboquant_prod": "not implemented yet (per-token, so it could be)",
     "qjl": "not implemented yet (per-token, so it could be)",
 }
-METHODS = METHODS + HYBRIDS
+METHODS: tuple[MethodInfo, ...] = _SINGLE + HYBRIDS
 _BY_NAME = {m.name: m for m in METHODS}
 
 
