@@ -36,7 +36,8 @@ def _state_text(server: dict[str, Any]) -> str:
     download = server.get("download")
     if server.get("state") == "downloading" and download:
         return f"downloading {download.get('percent', 0):.0f}%"
-    return str(server.get("state", "?"))
+    state = str(server.get("state", "?"))
+    return f"{state}, {server['pending']} queued" if server.get("pending") else state
 
 
 def status_rows(state: dict[str, Any]) -> list[tuple[str, ...]]:
@@ -118,14 +119,15 @@ EXIT_READY, EXIT_NOT_RUNNING, EXIT_NOT_READY = 0, 1, 3
 
 
 def status_code(state: dict[str, Any] | None) -> int:
-    """0 every server ready; 1 the daemon is not running; 3 it runs but something is not as configured."""
+    """0 every server ready with nothing queued; 1 the daemon is not running; 3 it runs but something is not as configured."""
     if state is None or not daemon_alive(state):
         return EXIT_NOT_RUNNING
     servers = state.get("servers") or {}
     reload = state.get("last_reload") or {}
     if state.get("degraded") or not reload.get("ok", True):
         return EXIT_NOT_READY
-    return EXIT_READY if all(s.get("state") == "ready" for s in servers.values()) else EXIT_NOT_READY
+    settled = all(s.get("state") == "ready" and not s.get("pending") for s in servers.values())
+    return EXIT_READY if settled else EXIT_NOT_READY
 
 
 # ---- logs ------------------------------------------------------------------------------
