@@ -124,6 +124,15 @@ def test_group_answers_like_one_process_with_half_the_kv_per_rank(case: str) -> 
                 half = alone["kv_bytes_per_token"][kind] / 2
                 assert abs(rank["kv_bytes_per_token"][kind] - half) <= 0.05 * half, (kind, rank, alone)
             assert rank["layer_caches"] == sum(alone["layer_caches"].values())
+            for kind in ("method", "fp16"):  # the rank's own kv_memory, measured on the rank
+                half = alone["kv_memory"]["bytes_per_token"][kind] / 2
+                assert abs(rank["kv_memory"]["bytes_per_token"][kind] - half) <= 0.05 * half, (kind, rank)
+        group_memory = ready["kv_memory"]  # the group's: labelled as the sum over its ranks
+        assert group_memory["summed_over_ranks"] == 2 and "sum over 2 ranks" in group_memory["source"]
+        for kind in ("method", "fp16"):
+            per_rank = [r["kv_memory"]["bytes_per_token"][kind] for r in ranks]
+            assert group_memory["bytes_per_token"][kind] == pytest.approx(sum(per_rank), abs=0.1)
+            assert group_memory["at"]["4096"][kind] == sum(r["kv_memory"]["at"]["4096"][kind] for r in ranks)
         assert ready["kv_bytes_per_token"]["ratio"] == pytest.approx(alone["kv_bytes_per_token"]["ratio"], rel=0.05)
         assert ready["distributed"]["idle"] == "doorbell"
     finally:
