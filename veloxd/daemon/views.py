@@ -58,6 +58,16 @@ def status_rows(state: dict[str, Any]) -> list[tuple[str, ...]]:
     return rows
 
 
+def group_text(group: dict[str, Any]) -> str:
+    """A distributed entry's line: the group's state, then each rank's pid and host once reported."""
+    head = f"group of {group.get('world_size')} ranks ({group.get('backend')}, {group.get('parallelism')}), {group.get('state')}"
+    ranks = group.get("ranks")
+    if not ranks:
+        hosts = ", ".join(group.get("hosts") or []) or "?"
+        return f"{head}; ranks not reported yet (hosts {hosts})"
+    return head + ": " + ", ".join(f"rank {r.get('rank')} pid {r.get('pid')} on {r.get('host') or '?'}" for r in ranks)
+
+
 def render_status(state: dict[str, Any]) -> str:
     """The human view: daemon line, config and last reload, then one row per server."""
     daemon = state.get("daemon") or {}
@@ -104,6 +114,9 @@ def render_status(state: dict[str, Any]) -> str:
                 else "listing files"
             )
             lines.append(f"{name}: downloading {server.get('model')}: {progress}")
+        group = server.get("distributed")
+        if group:
+            lines.append(f"{name}: {group_text(group)}")
         if server.get("waiting_reason") and server.get("state") == "waiting":
             lines.append(f"{name}: waiting: {server['waiting_reason']}")
         elif server.get("state") in ("starting", "backoff") and (server.get("last_exit") or {}).get("error"):
