@@ -9,7 +9,9 @@ Arms (the shipped tiny-llama, method affine 4-bit, loopback, ring backend, both 
   READY time    spawn -> the READY line (upstream: its "Starting httpd" line; it loads lazily, so not compared)
   latency       median wall time of a 16-token greedy completion (after one warm-up request)
   tokens/s      completion tokens / wall time of a 256-token greedy completion
-  idle CPU      utime+stime of each process (/proc/PID/stat) over an idle window / wall time, in % of one core
+  idle CPU      CPU ratio: utime+stime of each process (/proc/PID/stat) over an idle window, divided
+                by the window's wall time (1.00 = one core busy the whole time); launcher, rank 0 and
+                rank 1 separately (rank pids from the group's READY line)
 
 Every figure is measured on this machine while other work shares its CPUs: compare the arms
 within one run (ratios), not against another machine. Two ranks on one machine share its cores,
@@ -42,6 +44,30 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def ring_port() -> int:
+    """A base port whose successor is free too (ring rank r listens on base + r)."""
+    while True:
+        base = free_port()
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", base + 1))
+                return base
+            except OSError:
+                continue
+
+
+def machine() -> str:
+    """One line describing where the figures come from (they are only comparable within a run)."""
+    cpuinfo = Path("/proc/cpuinfo").read_text()
+    model = next((line.split(":", 1)[1].strip() for line in cpuinfo.splitlines() if line.startswith("model name")), "?")
+    blas = "OpenBLAS preloaded" if "openblas" in os.environ.get("LD_PRELOAD", "") else "no OpenBLAS"
+    from importlib.metadata import version
+
+    load = " ".join(f"{x:.2f}" for x in os.getloadavg())
+    stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    return f"{stamp}; {model}, {os.cpu_count()} cores (load {load}); MLX {version('mlx')} CPU, {blas}"
 
 
 def cpu_seconds(pid: int) -> float:
@@ -92,7 +118,7 @@ class Arm:
         deadline = time.monotonic() + timeout
         while self.ready_at is None:
             if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit(f"{self.proc.args[:4]} never became ready: {self.lines[-20:]}")
+                raise SystemExit(f"{self.marker!r} never came: {self.lines[-20:]}")
             time.sleep(0.05)
         return self.ready_at - self.started
 
@@ -117,10 +143,22 @@ def complete(port: int, max_tokens: int) -> tuple[float, int]:
     return time.monotonic() - started, int(usage["completion_tokens"])
 
 
+SETTLE_S = 3.0  # after the last request: the generation loop goes back to waiting
+
+
 def idle_cpu(pids: dict[str, int], seconds: float) -> dict[str, float]:
+    """CPU ratio of each process over an idle window: CPU seconds / wall seconds (1.0 = one core)."""
+    time.sleep(SETTLE_S)
     before = {name: cpu_seconds(pid) for name, pid in pids.items()}
+    started = time.monotonic()
     time.sleep(seconds)
-    return {name: round(100 * (cpu_seconds(pid) - before[name]) / seconds, 1) for name, pid in pids.items()}
+    wall = time.monotonic() - started
+    return {name: round((cpu_seconds(pid) - before[name]) / wall, 4) for name, pid in pids.items()}
+
+
+def ready_payload(arm: Arm, prefix: str) -> dict[str, Any]:
+    line = next(line for line in arm.lines if line.startswith(prefix))
+    return json.loads(line[len(prefix) :])
 
 
 def serve_figures(port: int, requests: int) -> dict[str, Any]:
@@ -134,10 +172,11 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--idle-s", type=float, default=20.0)
     parser.add_argument("--requests", type=int, default=5)
-    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "distributed.json")
+    # raw/ is not committed: docs/results.md carries the figures of a run, dated
+    parser.add_argument("--json", type=Path, default=REPO / "benchmarks" / "results" / "raw" / "distributed.json")
     args = parser.parse_args()
     py = sys.executable
-    results: dict[str, Any] = {}
+    results: dict[str, Any] = {"machine": machine()}
 
     port = free_port()
     single = Arm([py, "-m", "veloxd", "serve", "--model", str(MODEL), *METHOD, "--port", str(port)], "VELOXD_READY")
@@ -146,85 +185,41 @@ def main() -> int:
         results["single"] = {
             "ready_s": round(ready_s, 2),
             **serve_figures(port, args.requests),
-            "idle_cpu_pct": idle_cpu({"worker": single.proc.pid}, args.idle_s),
+            "idle_cpu": idle_cpu({"worker": single.proc.pid}, args.idle_s),
         }
     finally:
         single.stop()
 
     port = free_port()
-    group = Arm(
-        [
-            py,
-            "-m",
-            "veloxd.distributed.launcher",
-            "--backend",
-            "ring",
-            "--starting-port",
-            str(free_port()),
-            "--hosts",
-            "127.0.0.1,127.0.0.1",
-            "--env",
-            "PYTHONUNBUFFERED=1",
-            "--",
-            py,
-            "-m",
-            "veloxd",
-            "serve",
-            "--model",
-            str(MODEL),
-            *METHOD,
-            "--port",
-            str(port),
-            "--distributed",
-            "tensor",
-            "--lifeline-fd",
-            "0",
-        ],
-        "[rank 0] VELOXD_READY",
-    )
+    launcher = ["-m", "veloxd.distributed.launcher", "--backend", "ring", "--starting-port", str(ring_port())]
+    launcher += ["--hosts", "127.0.0.1,127.0.0.1", "--env", "PYTHONUNBUFFERED=1", "--"]
+    serve = ["-m", "veloxd", "serve", "--model", str(MODEL), *METHOD, "--port", str(port)]
+    group = Arm([py, *launcher, py, *serve, "--distributed", "tensor", "--lifeline-fd", "0"], "[rank 0] VELOXD_READY")
     try:
         ready_s = group.wait_ready()
-        ranks = children(group.proc.pid)
+        ranks = {
+            f"rank {r['rank']}": r["pid"]
+            for r in ready_payload(group, "[rank 0] VELOXD_READY ")["distributed"]["ranks"]
+        }
         results["group"] = {
             "ready_s": round(ready_s, 2),
             **serve_figures(port, args.requests),
-            "idle_cpu_pct": idle_cpu({"launcher": group.proc.pid, "rank 0": ranks[0], "rank 1": ranks[1]}, args.idle_s),
+            "idle_cpu": idle_cpu({"launcher": group.proc.pid, **ranks}, args.idle_s),
         }
     finally:
         group.stop()
 
     port = free_port()
-    upstream = Arm(
-        [
-            py,
-            "-c",
-            "from mlx._distributed_utils.launch import main; main()",
-            "-n",
-            "2",
-            "--backend",
-            "ring",
-            "--starting-port",
-            str(free_port()),
-            "--",
-            py,
-            "-m",
-            "mlx_lm",
-            "server",
-            "--model",
-            str(MODEL),
-            "--port",
-            str(port),
-        ],
-        "Starting httpd",
-    )
+    mlx_launch = ["-c", "from mlx._distributed_utils.launch import main; main()", "-n", "2", "--backend", "ring"]
+    mlx_launch += ["--starting-port", str(ring_port()), "--"]
+    mlx_lm_server = ["-m", "mlx_lm", "server", "--model", str(MODEL), "--port", str(port)]
+    upstream = Arm([py, *mlx_launch, py, *mlx_lm_server], "Starting httpd")
     try:
         upstream.wait_ready()
-        ranks = children(upstream.proc.pid)
+        first, second = children(upstream.proc.pid)[:2]  # no READY line: MLX's launcher starts rank 0 first
         results["upstream"] = {
             **serve_figures(port, args.requests),  # its warm-up request loads the model
-            "idle_cpu_pct": idle_cpu(
-                {"launcher": upstream.proc.pid, "rank 0": ranks[0], "rank 1": ranks[1]}, args.idle_s
-            ),
+            "idle_cpu": idle_cpu({"launcher": upstream.proc.pid, "rank 0": first, "rank 1": second}, args.idle_s),
         }
     finally:
         upstream.stop()
@@ -233,7 +228,8 @@ def main() -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(
         json.dumps(
-            {"model": "veloxd/assets/tiny-llama", "method": "affine 4-bit", "idle_s": args.idle_s, **results}, indent=2
+            {"model": "veloxd/assets/tiny-llama", "method": "affine 4-bit", "idle_s": args.idle_s, **results},
+            indent=2,
         )
         + "\n"
     )
@@ -244,21 +240,23 @@ def main() -> int:
 def report(results: dict[str, Any], idle_s: float) -> None:
     single, group, upstream = results["single"], results["group"], results["upstream"]
     print("single process vs 2-rank group (tensor parallel, ring over loopback, tiny-llama, affine 4-bit)")
-    print(f"{'':24}{'single':>12}{'2 ranks':>12}{'ratio':>10}{'upstream 2 ranks':>20}")
+    print(f"machine: {results['machine']}")
+    print(f"{'':26}{'single':>10}{'2 ranks':>10}{'2r/single':>11}{'upstream 2r':>13}")
     for key, label in (
         ("ready_s", "READY time (s)"),
         ("latency_s", "16-token latency (s)"),
         ("tokens_per_s", "tokens/s (256 tokens)"),
     ):
         theirs = upstream.get(key, "-")
-        print(f"{label:24}{single[key]:>12}{group[key]:>12}{group[key] / single[key]:>10.2f}{theirs:>20}")
+        print(f"{label:26}{single[key]:>10}{group[key]:>10}{group[key] / single[key]:>11.2f}{theirs:>13}")
     print("(upstream: mlx.launch + mlx_lm server with mlx_lm's fp16 cache; it loads on the first request)")
-    print(f"\nidle CPU over {idle_s:g} s, % of one core (CPU ratios on this shared machine):")
-    print(f"  single worker            {single['idle_cpu_pct']['worker']:>6}")
-    for arm in ("group", "upstream"):
-        name = "veloxd group" if arm == "group" else "mlx.launch + mlx_lm"
-        cpu = results[arm]["idle_cpu_pct"]
-        print(f"  {name:<22} launcher {cpu['launcher']:>6}   rank 0 {cpu['rank 0']:>6}   rank 1 {cpu['rank 1']:>6}")
+    print(f"\nidle CPU ratio over {idle_s:g} s (CPU seconds / wall seconds; 1.000 = one core busy):")
+    print(f"  {'':22}{'launcher':>10}{'rank 0':>10}{'rank 1':>10}{'sum':>10}")
+    rows = [("single veloxd serve", {"rank 0": single["idle_cpu"]["worker"]})]
+    rows += [("veloxd group", group["idle_cpu"]), ("mlx.launch + mlx_lm", upstream["idle_cpu"])]
+    for name, cpu in rows:
+        cells = "".join(f"{cpu[k]:>10.3f}" if k in cpu else f"{'-':>10}" for k in ("launcher", "rank 0", "rank 1"))
+        print(f"  {name:<22}{cells}{sum(cpu.values()):>10.3f}")
 
 
 if __name__ == "__main__":

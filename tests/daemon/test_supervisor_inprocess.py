@@ -9,6 +9,7 @@ are exercised in microseconds and exactly.
 from __future__ import annotations
 
 import json
+import os
 import signal
 import threading
 from collections.abc import Iterator
@@ -25,8 +26,10 @@ from veloxd.config import Config
 from veloxd.config.model import ServerEntry
 from veloxd.config.plan import diff
 from veloxd.daemon import messages as m
+from veloxd.daemon.process import process_start_time
 from veloxd.daemon.state import ServerState
 from veloxd.daemon.supervisor import Supervisor
+from veloxd.daemon.views import status_code
 
 S = ServerState
 RESTART = {"max_failures": 3, "window_s": 600, "backoff_initial_s": 1.0, "backoff_max_s": 4.0}
@@ -281,6 +284,33 @@ def test_reload_restarts_only_the_changed_entry_after_its_old_worker_exits(super
     name, _, new_b = spawner.children[-1]
     assert name == "b" and json.loads(new_b.argv[new_b.argv.index("--kv-json") + 1])["method"] == "kivi"
     assert supervisor.servers["a"].child is child_a and supervisor.servers["a"].state is S.READY
+
+
+def test_a_restart_queued_behind_another_rollout_shows_as_pending(supervisor, spawner) -> None:
+    """b's edit waits until a's rollout is done: b is still READY, but status must not call it settled."""
+    a, b = make_entry("a", free_port()), make_entry("b", free_port())
+    supervisor.apply(diff(None, config_of(a, b)), {"a": a, "b": b}, now=0.0)
+    child_a, child_b = bring_up(supervisor, spawner, "a", 1.0), bring_up(supervisor, spawner, "b", 1.0)
+    supervisor.restart(["a"], "test", now=2.0)  # a's worker ignores SIGTERM for now
+    b2 = make_entry("b", b.port, method="kivi", bits=2)
+    supervisor.apply(diff(config_of(a, b), config_of(a, b2)), {"a": a, "b": b2}, now=3.0)
+    snap = supervisor.snapshot()
+    assert (snap["a"]["state"], snap["a"]["pending"]) == ("stopping", "restart")
+    assert (snap["b"]["state"], snap["b"]["pending"]) == ("ready", "restart") and child_b.signals == []
+    me = {"running": True, "pid": os.getpid(), "start_time": process_start_time(os.getpid())}
+    state = {"daemon": me, "servers": snap}
+    assert status_code(state) == 3
+    child_a.returncode = 0
+    supervisor.on_message(m.ChildExited("a", spawner.latest("a")[0], 0), 4.0)  # a's rollout ends, b's stop begins
+    snap = supervisor.snapshot()
+    assert snap["a"]["pending"] is None and (snap["b"]["state"], snap["b"]["pending"]) == ("stopping", "restart")
+    child_b.returncode = 0
+    supervisor.on_message(m.ChildExited("b", spawner.latest("b")[0], 0), 5.0)
+    bring_up(supervisor, spawner, "a", 6.0)
+    bring_up(supervisor, spawner, "b", 6.0)
+    snap = supervisor.snapshot()
+    assert all(s["state"] == "ready" and s["pending"] is None for s in snap.values()), snap
+    assert status_code({**state, "servers": snap}) == 0
 
 
 def test_live_only_change_updates_in_place_without_a_restart(supervisor, spawner) -> None:

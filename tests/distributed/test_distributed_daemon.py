@@ -8,6 +8,7 @@ group and leaves the other entry alone; SIGKILL of the daemon leaves no rank ali
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 from pathlib import Path
@@ -50,6 +51,18 @@ def test_a_distributed_entry_is_supervised_as_one_unit(tmp_path: Path) -> None:
             timeout=120,
         )
         assert status == 200 and body["choices"][0]["text"].strip()
+        shown = json.loads(h.cli("status", "--json").stdout)["servers"]["group"]["distributed"]
+        assert shown["state"] == "ready" and shown["world_size"] == 2
+        assert [(r["rank"], r["pid"], r["host"]) for r in shown["ranks"]] == [
+            (0, ranks[0], LOCAL_PAIR[0]),
+            (1, ranks[1], LOCAL_PAIR[1]),
+        ]
+        text = h.cli("status").stdout
+        assert (
+            f"group: group of 2 ranks (ring, tensor), ready: rank 0 pid {ranks[0]} on 127.0.0.1, rank 1 pid {ranks[1]}"
+            in text
+        )
+        assert "solo: group of" not in text  # a plain entry has no group line
         for rank in (0, 1):  # every rank's own output reaches the JSON log, tagged
             assert h.events("server_output", server="group", rank=rank), rank
         assert not any(r.get("line", "").startswith("[rank") for r in h.events("server_output", server="group"))

@@ -24,6 +24,7 @@ from veloxd.daemon.state import (
     recheck_delay,
     transition,
 )
+from veloxd.distributed.command import group_status
 
 S = ServerState
 EVENT_FOR_STATE = {
@@ -370,4 +371,6 @@ class ServerProcess:
             "waiting_reason": "; ".join(c.message for c in self.waiting_for) if self.state is S.WAITING else None,
             "stop_timeout_s": entry.stop_timeout_s,
             "start": getattr(entry, "start", "always"),
+            # a distributed entry: the group's state and each rank's pid and host (READY's ranks)
+            "distributed": group_status(getattr(entry, "distributed", None), self.state.value, self.ready_payload),
         }

@@ -268,7 +268,22 @@ class Supervisor:
                 server.start(now)
 
     def snapshot(self) -> dict[str, Any]:
-        return {name: server.snapshot() for name, server in sorted(self.servers.items())}
+        """Each server's facts, with what a queued rollout will still do to it: a READY server whose
+        restart waits behind another rollout is not settled, and status must not say it is."""
+        pending = self.pending()
+        return {
+            name: {**server.snapshot(), "pending": pending.get(name)} for name, server in sorted(self.servers.items())
+        }
+
+    def pending(self) -> dict[str, str]:
+        """name -> "restart", "stop" or "start": the first thing a queued rollout has yet to finish for it."""
+        out: dict[str, str] = {}
+        for rollout in self.rollouts:
+            for name in sorted(rollout.stop | rollout.start.keys()):
+                if name not in out:
+                    stops, starts = name in rollout.stop, name in rollout.start
+                    out[name] = "restart" if stops and starts else "stop" if stops else "start"
+        return out
 
 
 def _start_mode(entry: Any) -> str:

@@ -36,7 +36,8 @@ def _state_text(server: dict[str, Any]) -> str:
     download = server.get("download")
     if server.get("state") == "downloading" and download:
         return f"downloading {download.get('percent', 0):.0f}%"
-    return str(server.get("state", "?"))
+    state = str(server.get("state", "?"))
+    return f"{state}, {server['pending']} queued" if server.get("pending") else state
 
 
 def status_rows(state: dict[str, Any]) -> list[tuple[str, ...]]:
@@ -55,6 +56,16 @@ def status_rows(state: dict[str, Any]) -> list[tuple[str, ...]]:
             )
         )
     return rows
+
+
+def group_text(group: dict[str, Any]) -> str:
+    """A distributed entry's line: the group's state, then each rank's pid and host once reported."""
+    head = f"group of {group.get('world_size')} ranks ({group.get('backend')}, {group.get('parallelism')}), {group.get('state')}"
+    ranks = group.get("ranks")
+    if not ranks:
+        hosts = ", ".join(group.get("hosts") or []) or "?"
+        return f"{head}; ranks not reported yet (hosts {hosts})"
+    return head + ": " + ", ".join(f"rank {r.get('rank')} pid {r.get('pid')} on {r.get('host') or '?'}" for r in ranks)
 
 
 def render_status(state: dict[str, Any]) -> str:
@@ -103,6 +114,9 @@ def render_status(state: dict[str, Any]) -> str:
                 else "listing files"
             )
             lines.append(f"{name}: downloading {server.get('model')}: {progress}")
+        group = server.get("distributed")
+        if group:
+            lines.append(f"{name}: {group_text(group)}")
         if server.get("waiting_reason") and server.get("state") == "waiting":
             lines.append(f"{name}: waiting: {server['waiting_reason']}")
         elif server.get("state") in ("starting", "backoff") and (server.get("last_exit") or {}).get("error"):
@@ -118,14 +132,15 @@ EXIT_READY, EXIT_NOT_RUNNING, EXIT_NOT_READY = 0, 1, 3
 
 
 def status_code(state: dict[str, Any] | None) -> int:
-    """0 every server ready; 1 the daemon is not running; 3 it runs but something is not as configured."""
+    """0 every server ready with nothing queued; 1 the daemon is not running; 3 it runs but something is not as configured."""
     if state is None or not daemon_alive(state):
         return EXIT_NOT_RUNNING
     servers = state.get("servers") or {}
     reload = state.get("last_reload") or {}
     if state.get("degraded") or not reload.get("ok", True):
         return EXIT_NOT_READY
-    return EXIT_READY if all(s.get("state") == "ready" for s in servers.values()) else EXIT_NOT_READY
+    settled = all(s.get("state") == "ready" and not s.get("pending") for s in servers.values())
+    return EXIT_READY if settled else EXIT_NOT_READY
 
 
 # ---- logs ------------------------------------------------------------------------------

@@ -14,7 +14,7 @@ from typing import Any
 from veloxd.distributed.hostfile import parse_hostfile
 from veloxd.distributed.rank_lines import split_rank
 
-__all__ = ["describe", "group_argv", "rank_count", "split_rank"]
+__all__ = ["describe", "group_argv", "group_status", "rank_count", "split_rank"]
 
 
 def rank_count(block: Any) -> int:
@@ -27,6 +27,38 @@ def rank_count(block: Any) -> int:
         return len(parse_hostfile(Path(block.hostfile))[0])
     except ValueError:
         return 0
+
+
+def configured_hosts(block: Any) -> list[str]:
+    """Each rank's ssh destination as configured (rank 0 first; [] when the hostfile cannot be read)."""
+    if block.hosts is not None:
+        return list(block.hosts)
+    try:
+        from pathlib import Path
+
+        return [rank.ssh for rank in parse_hostfile(Path(block.hostfile))[0]]
+    except ValueError:
+        return []
+
+
+def group_status(block: Any, state: str, ready: dict[str, Any] | None) -> dict[str, Any] | None:
+    """What `veloxd status` shows of a distributed entry (None for any other): the group's state,
+    its configuration, and each rank's pid and host as its READY line reported them (ranks: null
+    until the group is ready: a starting or restarting group has not reported its ranks)."""
+    if block is None:
+        return None
+    reported = ((ready or {}).get("distributed") or {}).get("ranks")
+    ranks = None
+    if isinstance(reported, list):
+        ranks = [{"rank": r.get("rank"), "pid": r.get("pid"), "host": r.get("host")} for r in reported]
+    return {
+        "state": state,
+        "world_size": rank_count(block),
+        "backend": block.backend,
+        "parallelism": block.parallelism,
+        "hosts": configured_hosts(block),
+        "ranks": ranks,
+    }
 
 
 def describe(block: Any) -> str:

@@ -26,6 +26,7 @@ import mlx.core as mx
 
 from veloxd import protocol
 from veloxd.distributed.checks import PIPELINE_NEEDS_FP16
+from veloxd.kv.footprint import summary
 from veloxd.serve import preflight
 from veloxd.serve.adapter import (
     PinnedProvider,
@@ -76,8 +77,23 @@ def rank_hosts() -> list[str]:
         return []
 
 
+def share_json(group: Any, value: Any) -> list[Any]:
+    """Every rank's JSON-able `value`, on every rank, exactly: each rank writes its JSON bytes into
+    its own row of an int32 table that the others leave at 0, and one all_sum gathers the rows
+    (a first all_sum of the lengths sizes the table)."""
+    data = json.dumps(value, sort_keys=True).encode()
+    sizes = mx.zeros((group.size(),), dtype=mx.int32)
+    sizes[group.rank()] = len(data)
+    lengths: Any = mx.distributed.all_sum(sizes, group=group).tolist()
+    table = mx.zeros((group.size(), max(lengths)), dtype=mx.int32)
+    table[group.rank(), : len(data)] = mx.array(list(data), dtype=mx.int32)
+    rows: Any = mx.distributed.all_sum(table, group=group).tolist()
+    return [json.loads(bytes(row[:n]).decode()) for row, n in zip(rows, lengths, strict=True)]
+
+
 def pool_figures(group: Any, wiring: Wiring, load_s: float) -> list[dict[str, Any]]:
-    """Every rank's figures, on every rank (one all_sum of a [ranks, figures] table)."""
+    """Every rank's figures, on every rank (one all_sum of a [ranks, figures] table, and each
+    rank's kv_memory document through `share_json`)."""
     mine = [
         os.getpid(),
         wiring.kv_bytes_per_token["method"],
@@ -88,6 +104,7 @@ def pool_figures(group: Any, wiring: Wiring, load_s: float) -> list[dict[str, An
     table = mx.zeros((group.size(), len(FIGURES)), dtype=mx.float32)
     table[group.rank()] = mx.array(mine, dtype=mx.float32)
     rows: Any = mx.distributed.all_sum(table, group=group).tolist()
+    memories = share_json(group, wiring.kv_memory)
     hosts = rank_hosts()
     out = []
     for rank, row in enumerate(rows):
@@ -98,6 +115,7 @@ def pool_figures(group: Any, wiring: Wiring, load_s: float) -> list[dict[str, An
                 "pid": int(pid),
                 "host": hosts[rank] if rank < len(hosts) else None,
                 "kv_bytes_per_token": {"method": round(method, 1), "fp16": round(fp16, 1)},
+                "kv_memory": memories[rank],
                 "layer_caches": int(layers),
                 "load_s": round(load, 3),
             }
@@ -136,17 +154,16 @@ def group_payload(
     load_s: float,
     ranks: list[dict[str, Any]],
 ) -> protocol.ReadyPayload:
-    """The READY payload: the group's totals at the top level, each rank's figures under `distributed`."""
+    """The READY payload: the group's totals (sums over the ranks, labelled so) at the top level,
+    each rank's own figures under `distributed.ranks`."""
     payload = ready_payload(options, model_id, wiring, limits, load_s)
-    method = sum(r["kv_bytes_per_token"]["method"] for r in ranks)
-    fp16 = sum(r["kv_bytes_per_token"]["fp16"] for r in ranks)
-    payload["kv_bytes_per_token"] = {
-        **wiring.kv_bytes_per_token,
-        "method": round(method, 1),
-        "fp16": round(fp16, 1),
-        "ratio": round(method / fp16, 4) if fp16 else None,
-        "source": f"measured: nbytes of every layer cache after a probe prefill, summed over {len(ranks)} ranks",
-    }
+    payload["kv_memory"] = protocol.group_kv_memory([r["kv_memory"] for r in ranks])
+    short = summary(payload["kv_memory"])
+    short["source"] = (
+        f"derived from kv_memory, summed over {len(ranks)} ranks: bytes per added token (measured), "
+        f"ratio of totals at {short['tokens']} tokens"
+    )
+    payload["kv_bytes_per_token"] = short
     payload["load_s"] = round(max(r["load_s"] for r in ranks), 3)
     payload["distributed"] = {"parallelism": options.distributed, "world_size": len(ranks), "ranks": ranks}
     return payload

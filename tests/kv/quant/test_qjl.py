@@ -26,7 +26,9 @@ def test_estimator_is_unbiased_with_the_papers_variance():
         sketch = SignSketch(d, m, seed=3, layer_index=layer)
         signs = sketch.encode(keys)[None, None]  # [1, 1, n, m/32]
         projected = sketch.project(q)[None, None, None, None]  # [1, 1, 1, 1, m]
-        estimates.append(sketch.estimate(projected, signs, norms.astype(mx.float16)[None, None, :, None])[0, 0, 0, 0])
+        estimates.append(
+            sketch.estimate(projected, signs, norms.astype(mx.float16)[None, None, :, None], False)[0, 0, 0, 0]
+        )
     errors = mx.stack(estimates) - exact  # [sketches, n]
     per_key_mean = errors.mean(axis=0)  # [n]
     stderr = errors.std(axis=0) / math.sqrt(sketches)
@@ -47,8 +49,9 @@ def test_packed_scores_equal_explicit_signs():
     projected = sketch.project(q)
     explicit_signs = mx.where(keys @ sketch.matrix.T > 0, 1.0, -1.0)  # [1, 2, 33, m]
     explicit = projected @ mx.expand_dims(explicit_signs, 2).swapaxes(-1, -2)  # [1, 2, 3, 5, 33]
-    packed = sketch.inner(projected, sketch.encode(keys))
-    assert kc.relative_error(packed, explicit) < 1e-5
+    for dense in (False, True):  # signs read packed, or unpacked for a dense matmul: same scores
+        packed = sketch.inner(projected, sketch.encode(keys), dense)
+        assert kc.relative_error(packed, explicit) < 1e-5, dense
 
 
 def test_attention_error_shrinks_with_the_sketch():

@@ -13,6 +13,7 @@ attribute named `bits` (mlx_lm's attention would take the cache for its own).
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 
 import mlx.core as mx
@@ -28,7 +29,16 @@ METADATA_BITS = 32  # one fp16 scale + one fp16 bias per group
 # Query rows per KV head from which a key block is dequantized and multiplied densely: a GEMM
 # through quantized_matmul is ~20x slower on CPU than dequantize + matmul (prefill), while for
 # decode quantized_matmul reads the packed form directly. The dense copy is one block's worth.
+# The choice is made once per attention call from R * L (rows of the whole call), never per query
+# block: blockwise_attention sizes query blocks from the local number of query heads, so a
+# per-block choice would send the same query row down different arithmetic in one process and in
+# a tensor-parallel rank holding a share of the heads (tests/distributed/test_head_split.py).
 DENSE_ROWS = 16
+
+
+def reads_dense(queries: mx.array, n_kv_heads: int) -> bool:
+    """Whether an attention call of queries [B, Hq, L, D] multiplies key blocks densely (R * L rows)."""
+    return queries.shape[1] // n_kv_heads * queries.shape[2] >= DENSE_ROWS
 
 
 def quantize_fp16(x: mx.array, group_size: int, bits: int) -> tuple[mx.array, mx.array, mx.array]:
@@ -42,9 +52,12 @@ def dequantized(triple: Sequence[mx.array], group_size: int, bits: int, dtype: m
     return mx.dequantize(codes, scales.astype(dtype), biases.astype(dtype), group_size=group_size, bits=bits)
 
 
-def packed_matmul(x: mx.array, triple: Sequence[mx.array], transpose: bool, group_size: int, bits: int) -> mx.array:
-    """x [B, Hkv, R, L, K] times a packed [B, Hkv, n, ...] triple (broadcast over R), read packed or dense."""
-    if x.shape[-3] * x.shape[-2] < DENSE_ROWS:
+def packed_matmul(
+    x: mx.array, triple: Sequence[mx.array], transpose: bool, group_size: int, bits: int, dense: bool
+) -> mx.array:
+    """x [B, Hkv, R, L, K] times a packed [B, Hkv, n, ...] triple (broadcast over R): packed, or
+    dequantized when `dense` (decided per attention call by `reads_dense`)."""
+    if not dense:
         codes, scales, biases = triple
 
         def packed(rows: mx.array) -> mx.array:
@@ -53,8 +66,8 @@ def packed_matmul(x: mx.array, triple: Sequence[mx.array], transpose: bool, grou
             )
 
         return per_kv_head(x, packed)
-    dense = dequantized(triple, group_size, bits, x.dtype)  # [B, Hkv, n, K or N]: one key block
-    return per_kv_head(x, lambda rows: rows @ (dense.swapaxes(-1, -2) if transpose else dense))
+    block = dequantized(triple, group_size, bits, x.dtype)  # [B, Hkv, n, K or N]: one key block
+    return per_kv_head(x, lambda rows: rows @ (block.swapaxes(-1, -2) if transpose else block))
 
 
 class AffineCodec(TokenCodec):
@@ -74,6 +87,12 @@ class AffineCodec(TokenCodec):
                     f"head dimension {dim} is not a multiple of it; choose a group size that divides {dim}"
                 )
         self.rotation = Rotation(k_dim, config.seed, layer.index) if config.affine_rotate else None
+        self.dense = False  # set per attention call on a copy (for_call)
+
+    def for_call(self, queries: mx.array, n_kv_heads: int) -> AffineCodec:
+        call = copy.copy(self)  # shallow: shares the rotation; only `dense` differs
+        call.dense = reads_dense(queries, n_kv_heads)
+        return call
 
     def encode(self, keys: mx.array, values: mx.array) -> dict[str, mx.array]:
         if self.rotation is not None:
@@ -84,11 +103,11 @@ class AffineCodec(TokenCodec):
 
     def scores(self, q: mx.array, store: dict[str, mx.array]) -> mx.array:
         keys = tuple(store[n] for n in ("k_codes", "k_scales", "k_biases"))  # [B, Hkv, n, ...]
-        return packed_matmul(q, keys, True, self.group_size, self.key_bits)  # [B, Hkv, R, L, n]
+        return packed_matmul(q, keys, True, self.group_size, self.key_bits, self.dense)  # [B, Hkv, R, L, n]
 
     def weighted_values(self, p: mx.array, store: dict[str, mx.array]) -> mx.array:
         values = tuple(store[n] for n in ("v_codes", "v_scales", "v_biases"))  # [B, Hkv, n, ...]
-        return packed_matmul(p, values, False, self.group_size, self.value_bits)  # [B, Hkv, R, L, Dv]
+        return packed_matmul(p, values, False, self.group_size, self.value_bits, self.dense)  # [B, Hkv, R, L, Dv]
 
     def rotate_queries(self, q: mx.array) -> mx.array:
         return q if self.rotation is None else self.rotation.apply(q)

@@ -20,7 +20,7 @@ import mlx.core as mx
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.ops import packing
 from veloxd.kv.ops.blockwise import DEFAULT_BLOCK, blockwise_attention, per_kv_head
-from veloxd.kv.quant.affine import packed_matmul, quantize_fp16
+from veloxd.kv.quant.affine import packed_matmul, quantize_fp16, reads_dense
 
 Q_STEP = 256  # quantized-token capacity step (a multiple of every allowed group size)
 
@@ -174,6 +174,7 @@ class KIVIRows:
         own_mask=True: holes and causality come from the per-row counts; `mask` is ignored.
         """
         L = queries.shape[2]
+        dense = reads_dense(queries, self.heads)  # once per call, not per query block (see affine)
         q_used = max(self.quantized)  # a multiple of G
         live = max(self.residual)
         r_start = self.res_end - live
@@ -202,7 +203,7 @@ class KIVIRows:
                 groups = slice(start // self.group, min(stop, q_used) // self.group)
                 codes, scales, biases = self.packed()[0]
                 keys_t = (codes[..., cols], scales[..., groups], biases[..., groups])  # K^T block [B, H, D, ..]
-                parts.append(packed_matmul(q, keys_t, False, self.group, self.n_bits))  # [B, Hkv, R, L, n_q]
+                parts.append(packed_matmul(q, keys_t, False, self.group, self.n_bits, dense))  # [B, Hkv, R, L, n_q]
             if stop > q_used:
                 a, b = max(start, q_used) - q_used + r_start, stop - q_used + r_start
                 k_t = self.k_res[:, :, a:b].swapaxes(-1, -2).astype(q.dtype)  # [B, H, D, n_r]
@@ -214,7 +215,7 @@ class KIVIRows:
             split = max(0, min(stop, q_used) - start)
             if split:
                 values = tuple(a[:, :, start : start + split] for a in self.packed()[1])  # [B, H, n_q, ..]
-                out = packed_matmul(p[..., :split], values, False, self.group, self.n_bits)  # [B, Hkv, R, L, Dv]
+                out = packed_matmul(p[..., :split], values, False, self.group, self.n_bits, dense)  # [B, Hkv, R, L, Dv]
             if stop > q_used:
                 a, b = max(start, q_used) - q_used + r_start, stop - q_used + r_start
                 v = self.v_res[:, :, a:b].astype(p.dtype)  # [B, H, n_r, Dv]

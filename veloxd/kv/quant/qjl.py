@@ -14,6 +14,7 @@ fp16 rather than fp32. Bits per token and KV head: m + 16 (keys) + Dv·(bits + 3
 
 from __future__ import annotations
 
+import copy
 import math
 
 import mlx.core as mx
@@ -23,7 +24,7 @@ from veloxd.kv.base import Batchable, LayerSpec, register_cache_class
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.ops import bitpack
 from veloxd.kv.ops.blockwise import per_kv_head
-from veloxd.kv.quant.affine import DENSE_ROWS, packed_matmul, quantize_fp16
+from veloxd.kv.quant.affine import packed_matmul, quantize_fp16, reads_dense
 from veloxd.kv.quant.tokenbatch import TokenQuantBatchCache
 from veloxd.kv.quant.tokencache import TokenCodec, TokenQuantCache
 
@@ -62,26 +63,26 @@ class SignSketch:
         positive = (x.astype(mx.float32) @ self.matrix.T) > 0  # [..., m]
         return bitpack.pack(positive, 1)
 
-    def inner(self, projected: mx.array, signs: mx.array) -> mx.array:
+    def inner(self, projected: mx.array, signs: mx.array, dense: bool) -> mx.array:
         """<S q, sign(S x)>: projected [B, Hkv, R, L, m], signs [B, Hkv, n, m/32] -> [B, Hkv, R, L, n]."""
         shape = (*signs.shape[:-1], self.sketch_dim // self.group)  # [B, Hkv, n, groups]
         scales = _broadcast_constant(2.0, shape, projected.dtype)  # bit 1 -> +1, bit 0 -> -1
         biases = _broadcast_constant(-1.0, shape, projected.dtype)
 
         def inner(rows: mx.array) -> mx.array:
-            if rows.shape[-2] < DENSE_ROWS:  # a few rows: read the packed signs directly
+            if not dense:  # a few rows in the call: read the packed signs directly
                 return mx.quantized_matmul(rows, signs, scales, biases, transpose=True, group_size=self.group, bits=1)
             # many rows: MLX's 1-bit quantized_matmul is ~50x slower on CPU than unpacking this
             # block's signs (native dequantize) and one dense matmul; the copy is one block's
-            dense = mx.dequantize(signs, scales, biases, group_size=self.group, bits=1)  # [B, Hkv, n, m]
-            return rows @ dense.swapaxes(-1, -2)
+            unpacked = mx.dequantize(signs, scales, biases, group_size=self.group, bits=1)  # [B, Hkv, n, m]
+            return rows @ unpacked.swapaxes(-1, -2)
 
         return per_kv_head(projected, inner)
 
-    def estimate(self, projected: mx.array, signs: mx.array, norms: mx.array) -> mx.array:
+    def estimate(self, projected: mx.array, signs: mx.array, norms: mx.array, dense: bool) -> mx.array:
         """Unbiased q·x from the sketch: sqrt(pi/2)/m · ||x|| · <S q, sign(S x)>; norms [B, Hkv, n, 1]."""
         weight = norms[..., 0].astype(projected.dtype)[:, :, None, None, :] * self.factor  # [B, Hkv, 1, 1, n]
-        return self.inner(projected, signs) * weight
+        return self.inner(projected, signs, dense) * weight
 
 
 class QJLCodec(TokenCodec):
@@ -105,6 +106,13 @@ class QJLCodec(TokenCodec):
     def __deepcopy__(self, memo: dict) -> QJLCodec:
         return self  # immutable after construction: copies of a cache share it
 
+    dense = False  # set per attention call on a copy (for_call), as in affine
+
+    def for_call(self, queries: mx.array, n_kv_heads: int) -> QJLCodec:
+        call = copy.copy(self)  # shallow: shares the sketch; only `dense` differs
+        call.dense = reads_dense(queries, n_kv_heads)
+        return call
+
     def encode(self, keys: mx.array, values: mx.array) -> dict[str, mx.array]:
         norms = mx.linalg.norm(keys.astype(mx.float32), axis=-1, keepdims=True).astype(mx.float16)  # [B, H, L, 1]
         v = quantize_fp16(values, self.group_size, self.value_bits)
@@ -114,11 +122,11 @@ class QJLCodec(TokenCodec):
         return self.sketch.project(q)  # [B, Hq, L, m]: the sketch side of every score
 
     def scores(self, q: mx.array, store: dict[str, mx.array]) -> mx.array:
-        return self.sketch.estimate(q, store["k_signs"], store["k_norms"])
+        return self.sketch.estimate(q, store["k_signs"], store["k_norms"], self.dense)
 
     def weighted_values(self, p: mx.array, store: dict[str, mx.array]) -> mx.array:
         values = tuple(store[n] for n in ("v_codes", "v_scales", "v_biases"))  # [B, Hkv, n, ...]
-        return packed_matmul(p, values, False, self.group_size, self.value_bits)  # [B, Hkv, R, L, Dv]
+        return packed_matmul(p, values, False, self.group_size, self.value_bits, self.dense)  # [B, Hkv, R, L, Dv]
 
     def bits_per_token(self) -> float:
         keys = self.sketch.sketch_dim + NORM_BITS

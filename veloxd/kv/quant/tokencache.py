@@ -10,6 +10,8 @@ Interface for per-token methods (affine, turboquant_mse/prod, qjl):
         def scores(self, q, store) -> mx.array           # q [B, Hkv, R, L, D] pre-scaled -> [B, Hkv, R, L, n]
         def weighted_values(self, p, store) -> mx.array  # p [B, Hkv, R, L, n] -> [B, Hkv, R, L, Dv]
         def rotate_queries(self, q) -> q                 # optional: [B, Hq, L, D], once per attend
+        def for_call(self, queries, n_kv_heads) -> codec # optional: the codec one attend uses (a copy
+                                                         #   carrying per-call choices; default self)
         def finish(self, out) -> out                     # optional: [B, Hq, L, Dv] (e.g. inverse-rotate)
         def bits_per_token(self) -> float                # analytic bits per token and KV head (K + V)
         def constants(self) -> list[mx.array]            # fixed arrays held (signs, codebooks)
@@ -69,6 +71,11 @@ class TokenCodec:
     def rotate_queries(self, q: mx.array) -> mx.array:
         return q
 
+    def for_call(self, queries: mx.array, n_kv_heads: int) -> TokenCodec:
+        """The codec one attention call uses: choices made from the whole call (queries [B, Hq, L, D]),
+        never from one query block, whose size depends on the local head count."""
+        return self
+
     def finish(self, out: mx.array) -> mx.array:
         return out
 
@@ -95,6 +102,7 @@ def attend_store(
 ) -> mx.array:
     """Attention of queries [B, Hq, L, D] over the first `length` stored tokens."""
     n_kv_heads = next(iter(store.values())).shape[1]
+    codec = codec.for_call(queries, n_kv_heads)
     out = blockwise_attention(
         codec.rotate_queries(queries),
         scale,

@@ -25,6 +25,8 @@ must be multiples of 32 (codes are packed in 32-bit words).
 
 from __future__ import annotations
 
+import copy
+
 import mlx.core as mx
 import numpy as np
 
@@ -35,6 +37,7 @@ from veloxd.kv.ops.blockwise import per_kv_head
 from veloxd.kv.ops.codebooks import codebook
 from veloxd.kv.ops.hadamard import Rotation
 from veloxd.kv.ops.levels import LevelCodes
+from veloxd.kv.quant.affine import reads_dense
 from veloxd.kv.quant.qjl import SignSketch
 from veloxd.kv.quant.tokenbatch import TokenQuantBatchCache
 from veloxd.kv.quant.tokencache import TokenCodec, TokenQuantCache
@@ -211,6 +214,13 @@ class TurboQuantProdCodec(TurboQuantMSECodec):
         sketch = {"k_residual_signs": self.sketch.encode(residual), "k_residual_norms": r_norms}
         return {**k_stored, **sketch, **v_stored}
 
+    dense = False  # set per attention call on a copy (for_call), as in affine
+
+    def for_call(self, queries: mx.array, n_kv_heads: int) -> TurboQuantProdCodec:
+        call = copy.copy(self)  # shallow: shares rotations and sketch; only `dense` differs
+        call.dense = reads_dense(queries, n_kv_heads)
+        return call
+
     def rotate_queries(self, q: mx.array) -> mx.array:
         rotated = self.key_rotation.apply(q)
         return mx.concatenate([rotated, self.sketch.project(rotated)], axis=-1)  # [B, Hq, L, d + d]
@@ -218,7 +228,8 @@ class TurboQuantProdCodec(TurboQuantMSECodec):
     def scores(self, q: mx.array, store: dict[str, mx.array]) -> mx.array:
         d = self.k_dim
         mse = self.keys.scores(q[..., :d], store)
-        correction = self.sketch.estimate(q[..., d:], store["k_residual_signs"], store["k_residual_norms"])
+        signs, norms = store["k_residual_signs"], store["k_residual_norms"]
+        correction = self.sketch.estimate(q[..., d:], signs, norms, self.dense)
         return mse + correction
 
     def bits_per_token(self) -> float:
