@@ -15,7 +15,7 @@ from veloxd.kv.base import LayerSpec
 from veloxd.kv.evict.attention import visible
 from veloxd.kv.evict.packed import KEY_FIELDS, VALUE_FIELDS
 from veloxd.kv.factory import cache_class
-from veloxd.kv.ops.blockwise import dense_reference
+from veloxd.kv.ops.blockwise import dense_reference, query_block
 from veloxd.kv.preflight import check
 
 HYBRIDS = [h.name for h in registry.HYBRIDS]
@@ -217,3 +217,31 @@ def test_batch_moves_match_single_requests_while_evicting(method: str) -> None:
         assert type(extracted) is cls and extracted.size() == single.size() and extracted.offset == single.offset
         assert mx.abs(feed(extracted, k, v, q) - feed(single, k, v, q)).max().item() < 1e-4
     assert batch.nbytes == sum(a.nbytes for a in held_arrays(batch))
+
+
+@pytest.mark.parametrize("method", ["snapkv_affine", "h2o_affine"])
+def test_half_the_heads_attend_bit_for_bit_like_the_whole(method: str) -> None:
+    """A tensor-parallel rank holds half the KV heads, so blockwise attention cuts its queries into
+    other blocks (SCORE_ELEMENTS / (Hq x block) rows): the prompt here is one row past the first
+    query block of the whole, and one block on the half. Packed or dense is chosen per call (as
+    tests/distributed/test_head_split.py checks for the quantizers), so every row gets the same
+    arithmetic, and policies that score per KV head keep the same tokens."""
+    d, n_kv, ratio, block = 128, 2, 8, 1 << 14  # large key blocks: the score bound splits a short prompt
+    rows = query_block(1, n_kv * ratio, 1 << 20, block)
+    assert query_block(1, n_kv * ratio // 2, rows + 1, block) == rows + 1  # the half takes it whole
+    prompt, total = rows + 1, rows + 1 + 40  # then decode past the budget (32)
+    k1, k2, k3 = mx.random.split(mx.random.key(7), 3)
+    keys = (2 * mx.random.normal((1, n_kv, total, d), key=k1)).astype(mx.float16)  # fp16, as served
+    values = mx.random.normal((1, n_kv, total, d), key=k2).astype(mx.float16)
+    queries = mx.random.normal((1, n_kv * ratio, total, d), key=k3).astype(mx.float16)
+    whole, half = (cache_class(method)(config(method, d), LayerSpec(0, 1)) for _ in range(2))
+    for cache in (whole, half):
+        cache.block = block
+    for start, stop in [(0, prompt), *((i, i + 1) for i in range(prompt, total))]:
+        mask = "causal" if stop - start > 1 else None
+        whole.update_and_fetch(keys[:, :, start:stop], values[:, :, start:stop])
+        half.update_and_fetch(keys[:, :1, start:stop], values[:, :1, start:stop])
+        out_whole = whole.attend(queries[:, :, start:stop], d**-0.5, mask)
+        out_half = half.attend(queries[:, :ratio, start:stop], d**-0.5, mask)
+        assert mx.array_equal(out_whole[:, :ratio], out_half), (start, stop)
+    assert whole.evicted[0] and half.evicted[0]

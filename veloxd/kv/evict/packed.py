@@ -8,7 +8,8 @@ each token on its own (groups run along the head dimension), so a slot is self-c
 compaction, a decode write into a free slot, batching and extraction are gathers and scatters of
 rows of these arrays, exactly as for fp16 slots, and no token's codes depend on another's.
 Attention reads the codes one key block at a time through the affine primitives
-(`packed_matmul`: quantized_matmul for decode, one dequantized block for prefill), inside
+(`packed_matmul`: quantized_matmul for decode, one dequantized block for prefill, chosen once
+per attention call as `affine` chooses), inside
 veloxd.kv.ops.blockwise, so the cache is never dequantized whole. The policies' scores are
 unchanged: they come from the same attention pass over the quantized keys (knorm: the norms of
 the keys before quantization). SnapKV holds a prompt whole until it ends: here as codes.
@@ -30,6 +31,7 @@ a freed slot, would mean requantizing its whole group; its slots are not indepen
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import mlx.core as mx
 
@@ -80,6 +82,7 @@ class AffineSlots(EvictionCache):
     """Mixed in front of a policy class: `class SnapKVAffineCache(AffineSlots, SnapKVCache)`."""
 
     _codec: AffineCodec | None = None  # built on the first append (or from restored slots)
+    _call: AffineCodec | None = None  # during attend: the codec with this call's packed/dense choice
 
     @classmethod
     def check_head_dims(cls, config: KVCacheConfig, k_dim: int, v_dim: int) -> None:
@@ -102,7 +105,18 @@ class AffineSlots(EvictionCache):
         """The slots and rows, plus the codec's rotation (signs; a [D, D] matrix when D is not a power of two)."""
         return [*super().arrays(), *(self._codec.constants() if self._codec is not None else [])]
 
+    def attend(self, queries: mx.array, scale: float, mask: Any) -> mx.array:
+        # Packed (quantized_matmul) or dense (one dequantized block) is chosen once from the whole
+        # call's R * L, as `affine` does (a per-query-block choice would differ between one process
+        # and a tensor-parallel rank); every score of the call uses it, SnapKV's stash included.
+        self._call = self.codec().for_call(queries, self.slots["k_codes"].shape[1])
+        try:
+            return super().attend(queries, scale, mask)
+        finally:
+            self._call = None
+
     def operands(self, n: int | None = None) -> tuple[Keys, Values]:
+        codec = self._call or self.codec()
         length = self.width if n is None else n
-        keys = AffineKeys(self.codec(), {f: self.slots[f] for f in KEY_FIELDS}, length)
-        return keys, AffineValues(self.codec(), {f: self.slots[f] for f in VALUE_FIELDS})
+        keys = AffineKeys(codec, {f: self.slots[f] for f in KEY_FIELDS}, length)
+        return keys, AffineValues(codec, {f: self.slots[f] for f in VALUE_FIELDS})
