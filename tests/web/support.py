@@ -23,15 +23,17 @@ def config_text(servers: Mapping[str, Mapping[str, Any]], dashboard: Mapping[str
 
 
 class Page:
-    """The dashboard process of a daemon under test, reached over HTTP."""
+    """The dashboard of a daemon under test, reached over HTTP: the `veloxd web` process by default,
+    or the gateway's port (`process="@gateway"`), which serves the same routes."""
 
-    def __init__(self, harness: DaemonHarness, port: int) -> None:
+    def __init__(self, harness: DaemonHarness, port: int, process: str = DASHBOARD) -> None:
         self.harness = harness
         self.port = port
+        self.process = process
         self.url = f"http://127.0.0.1:{port}/"
 
     def wait_ready(self, timeout: float = 120, after: int = 0) -> dict[str, Any]:
-        return self.harness.wait_event("server_ready", timeout=timeout, after=after, server=DASHBOARD)
+        return self.harness.wait_event("server_ready", timeout=timeout, after=after, server=self.process)
 
     def request(
         self, path: str, method: str = "GET", headers: Mapping[str, str] | None = None, body: bytes | None = None
@@ -61,13 +63,12 @@ class Page:
 
     def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         """Every sample of /metrics as {(name, labels): value}, parsed by prometheus_client's parser."""
+        return samples(self.metrics_text())
+
+    def metrics_text(self) -> str:
         status, text = self.request("metrics")
         assert status == 200 and isinstance(text, str), (status, text)
-        return {
-            (s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        }
+        return text
 
     def value(self, name: str, **labels: str) -> float | None:
         return self.metrics().get((name, frozenset(labels.items())))
@@ -79,3 +80,12 @@ class Page:
             interval=0.2,
             what=f"{name}{labels} == {expected} (last: {self.value(name, **labels)})",
         )
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of a Prometheus exposition as {(name, labels): value}, by prometheus_client's parser."""
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }

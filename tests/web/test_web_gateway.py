@@ -1,0 +1,127 @@
+"""The dashboard and /metrics on the gateway's port, in front of stand-in workers (fast: no model loads).
+
+With a `gateway:` block the gateway serves the page, its JSON/SSE endpoints and /metrics next to
+/v1 (no `veloxd web` sidecar runs); its own counters (admissions, unloads, requests, queue) are
+checked against the events the test causes. The same with the real model: test_web_gateway_model.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.daemon_harness import DaemonHarness
+from tests.gateway.support import GATEWAY, fake_entry, gateway_yaml, model_dir, post
+from tests.support import free_port, http_json
+from tests.web.browser import VIEWPORT, browser  # noqa: F401 - the fixture
+from tests.web.support import Page
+
+TOKEN = "gw-s3cret"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+REQUESTS = 4
+TIMEOUT_MS = 60_000
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[tuple[DaemonHarness, Page]]:
+    """alpha always runs; one and two are on demand and do not fit the budget together (1 MB each of 1.5 MB)."""
+    h = DaemonHarness(tmp_path)
+    page = Page(h, free_port(), process=GATEWAY)
+    big = {"weights_bytes": 1_000_000}
+    servers = {
+        "alpha": fake_entry(model_dir(tmp_path, "alpha"), aliases=["fast"]),
+        "one": fake_entry(model_dir(tmp_path, "one", **big), start="on_demand"),
+        "two": fake_entry(model_dir(tmp_path, "two", **big), start="on_demand", idle_unload_s=1),
+    }
+    h.write(gateway_yaml({"port": page.port, "api_key_env": "GW_KEY", "memory_budget": 1_500_000}, servers))
+    try:
+        h.start(env={"GW_KEY": TOKEN})
+        h.wait_states({GATEWAY: "ready", "alpha": "ready", "one": "stopped", "two": "stopped"})
+        yield h, page
+    finally:
+        h.cleanup()
+
+
+def test_gateway_counts_admissions_unloads_and_requests_in_metrics(gateway: tuple[DaemonHarness, Page]) -> None:
+    """N requests to alpha, one for an unknown model, a start of `one`, a start of `two` that unloads
+    `one` to make room, then `two`'s idle unload: each shows in the gateway's series on its own port,
+    next to the workers' counters and the servers' states; no sidecar runs."""
+    h, page = gateway
+    base = page.url.rstrip("/")
+    for _ in range(REQUESTS):
+        assert post(base, "/v1/chat/completions", {"model": "fast", "messages": []}, BEARER)[0] == 200
+    assert post(base, "/v1/chat/completions", {"model": "nope", "messages": []}, BEARER)[0] == 404
+    assert post(base, "/v1/completions", {"model": "one", "prompt": "x"}, BEARER)[0] == 200
+    assert post(base, "/v1/completions", {"model": "two", "prompt": "x"}, BEARER)[0] == 200
+    assert h.wait_event("server_unloaded", server="one")["reason"] == "admission"
+    h.wait_event("server_idle_unloaded", server="two")
+
+    page.wait_value("veloxd_gateway_unloads_total", 1, server="two", reason="idle")
+    page.wait_value("veloxd_server_state", 1, server="two", state="stopped")
+    page.wait_value("veloxd_requests_total", REQUESTS, server="alpha", status="200")  # the worker's own count
+    metrics = page.metrics()
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.get((name, frozenset(labels.items())))
+
+    assert value("veloxd_gateway_admissions_total", server="one") == 1
+    assert value("veloxd_gateway_admissions_total", server="two") == 1
+    assert value("veloxd_gateway_admissions_total", server="alpha") is None  # always: never admitted
+    assert value("veloxd_gateway_unloads_total", server="one", reason="admission") == 1
+    assert value("veloxd_gateway_unloads_total", server="one", reason="idle") is None  # no idle_unload_s
+    assert value("veloxd_gateway_requests_total", server="alpha", status="200") == REQUESTS
+    assert value("veloxd_gateway_requests_total", server="", status="404") == 1
+    assert value("veloxd_gateway_requests_total", server="one", status="200") == 1
+    assert value("veloxd_gateway_admission_refusals_total", server="one") is None
+    for name in ("alpha", "one", "two"):
+        assert value("veloxd_gateway_queue_depth", server=name) == 0
+    assert value("veloxd_server_state", server="alpha", state="ready") == 1
+    assert value("veloxd_server_state", server="one", state="stopped") == 1
+    assert value("veloxd_server_state", server=GATEWAY, state="ready") == 1
+    assert value("veloxd_daemon_up") == 1
+    assert h.state()["dashboard"] is None  # the gateway is the one dashboard
+
+
+def test_gateway_guards_the_dashboard_with_its_token(gateway: tuple[DaemonHarness, Page]) -> None:
+    """Reads from this machine are open (the page, /api/state, /metrics); a foreign Host needs the
+    gateway's token; actions need it always, from the page's own origin; /v1 stays guarded."""
+    h, page = gateway
+    status, html = page.request("")
+    assert status == 200 and isinstance(html, str) and 'src="static/app.js"' in html
+    state = page.state()
+    assert state["actions"] is True and {s["name"] for s in state["servers"]} >= {"alpha", "one", "two"}
+    assert http_json(page.url + "v1/models")[0] == 401
+    assert http_json(page.url + "health")[0] == 200
+
+    rebound = {"Host": f"evil.example:{page.port}"}  # a DNS-rebinding page names its own host
+    assert page.request("metrics", headers=rebound)[0] == 401
+    assert page.request("metrics", headers={**rebound, **BEARER})[0] == 200
+
+    assert page.request("api/reload", method="POST")[0] == 401
+    foreign = {**BEARER, "Origin": "http://evil.example"}
+    assert page.request("api/reload", method="POST", headers=foreign)[0] == 403
+    mark = h.mark()
+    status, answer = page.request("api/servers/alpha/restart", method="POST", headers=BEARER)
+    assert status == 200 and isinstance(answer, dict) and answer["ok"], answer
+    h.wait_event("server_ready", server="alpha", after=mark)
+
+
+def test_gateway_page_in_a_browser_lists_the_servers(browser: Any, gateway: tuple[DaemonHarness, Page]) -> None:  # noqa: F811
+    """The page on the gateway's port, in Chromium: a row per server with its state, on-demand ones
+    stopped; a request for `one` turns its row ready without reloading the page."""
+    h, page = gateway
+    tab = browser.new_page(viewport=VIEWPORT)
+    try:
+        tab.goto(page.url)
+        tab.wait_for_selector("tr[data-server='alpha'][data-state='ready']", timeout=TIMEOUT_MS)
+        tab.evaluate("window.veloxdTestMarker = 'not reloaded'")
+        assert tab.locator("tr[data-server='one']").get_attribute("data-state") == "stopped"
+        assert tab.locator("tr[data-server='two']").get_attribute("data-state") == "stopped"
+        assert post(page.url.rstrip("/"), "/v1/completions", {"model": "one", "prompt": "x"}, BEARER)[0] == 200
+        tab.wait_for_selector("tr[data-server='one'][data-state='ready']", timeout=TIMEOUT_MS)
+        assert tab.evaluate("window.veloxdTestMarker") == "not reloaded"
+    finally:
+        tab.close()
