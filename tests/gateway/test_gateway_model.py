@@ -11,15 +11,8 @@ import openai
 import pytest
 
 from tests.fixtures.daemon_harness import DaemonHarness, pid_alive
-from tests.gateway.support import GATEWAY, events_after, gateway_yaml, models
-from tests.support import REPO, free_port, http_json, wait_until
-
-MODEL = str(REPO / "veloxd" / "assets" / "tiny-llama")
-LOAD_S = 240  # several model loads on two busy CPU cores
-
-
-def real_entry(**extra: object) -> dict[str, object]:
-    return {"model": MODEL, "method": "fp16", "ready_timeout_s": LOAD_S, "stop_timeout_s": 20, **extra}
+from tests.gateway.support import GATEWAY, LOAD_S, MODEL, events_after, gateway_yaml, models, real_entry
+from tests.support import free_port, http_json, wait_until
 
 
 def client(port: int) -> openai.OpenAI:

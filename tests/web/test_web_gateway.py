@@ -107,12 +107,13 @@ def test_gateway_guards_the_dashboard_with_its_token(gateway: tuple[DaemonHarnes
     status, answer = page.request("api/servers/alpha/restart", method="POST", headers=BEARER)
     assert status == 200 and isinstance(answer, dict) and answer["ok"], answer
     h.wait_event("server_ready", server="alpha", after=mark)
+    page.wait_value("veloxd_server_restarts_total", 1, server="alpha")  # the page's restart is a restart
 
 
 def test_gateway_page_in_a_browser_lists_the_servers(browser: Any, gateway: tuple[DaemonHarness, Page]) -> None:  # noqa: F811
     """The page on the gateway's port, in Chromium: a row per server with its state, on-demand ones
     stopped; a request for `one` turns its row ready without reloading the page."""
-    h, page = gateway
+    _, page = gateway
     tab = browser.new_page(viewport=VIEWPORT)
     try:
         tab.goto(page.url)
