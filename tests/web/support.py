@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.daemon_harness import DaemonHarness, to_yaml
-from tests.support import wait_until
+from tests.support import http_json, wait_until
 
 DASHBOARD = "@dashboard"  # the dashboard process's name in the daemon's events
 
@@ -89,3 +91,24 @@ def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         for family in text_string_to_metric_families(text)
         for s in family.samples
     }
+
+
+@contextlib.contextmanager
+def generating(requests: list[tuple[str, dict[str, Any]]], timeout: float = 120) -> Iterator[None]:
+    """While the block runs, one thread per (url, body) posts that completion again and again (load
+    for tokens per second and the charts); on exit the threads finish their request and stop."""
+    done = threading.Event()
+
+    def loop(url: str, body: dict[str, Any]) -> None:
+        while not done.is_set():
+            http_json(url, body, timeout=timeout)
+
+    threads = [threading.Thread(target=loop, args=request, daemon=True) for request in requests]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(timeout + 30)

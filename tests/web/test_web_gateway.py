@@ -92,7 +92,8 @@ def test_gateway_guards_the_dashboard_with_its_token(gateway: tuple[DaemonHarnes
     status, html = page.request("")
     assert status == 200 and isinstance(html, str) and 'src="static/app.js"' in html
     state = page.state()
-    assert state["actions"] is True and {s["name"] for s in state["servers"]} >= {"alpha", "one", "two"}
+    assert state["actions"] is True and state["actions_setting"] == "gateway.api_key_env"
+    assert {s["name"] for s in state["servers"]} == {"alpha", "one", "two", GATEWAY}
     assert http_json(page.url + "v1/models")[0] == 401
     assert http_json(page.url + "health")[0] == 200
 

@@ -7,15 +7,17 @@ counters and histograms, and the daemon's states and measured KV figures.
 
 from __future__ import annotations
 
-import threading
+import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
 from tests.fixtures.daemon_harness import DaemonHarness
 from tests.gateway.support import GATEWAY, LOAD_S, gateway_yaml, post, real_entry
-from tests.support import free_port, wait_until
-from tests.web.support import Page, samples
+from tests.support import REPO, free_port, wait_until
+from tests.web.browser import VIEWPORT, browser  # noqa: F401 - the fixture
+from tests.web.support import Page, generating, samples
 
 REQUESTS = 3
 
@@ -85,25 +87,59 @@ def test_gateway_metrics_with_real_workers(tmp_path: Path) -> None:
         assert value("veloxd_server_info", server="coder", model=real_entry()["model"], method="kivi", bits="4") == 1
 
         # Tokens per second: the counters' change between two samples, nonzero while coder generates.
-        done = threading.Event()
-
-        def load() -> None:
-            body = {"model": "coder", "messages": [{"role": "user", "content": "a story"}], "max_tokens": 32}
-            while not done.is_set():
-                post(base, "/v1/chat/completions", body, timeout=LOAD_S)
-
-        worker = threading.Thread(target=load, daemon=True)
-        worker.start()
-        try:
+        story = {"model": "coder", "messages": [{"role": "user", "content": "a story"}], "max_tokens": 32}
+        with generating([(base + "/v1/chat/completions", story)], timeout=LOAD_S):
             wait_until(
                 lambda: (page.value("veloxd_generation_tokens_per_second", server="coder") or 0) > 0,
                 LOAD_S,
                 interval=0.2,
                 what="veloxd_generation_tokens_per_second > 0 under load",
             )
-        finally:
-            done.set()
-            worker.join(LOAD_S)
+        assert h.stop(timeout=60) == 0
+    finally:
+        h.cleanup()
+
+
+@pytest.mark.slow
+def test_gateway_dashboard_with_real_workers(browser: Any, tmp_path: Path) -> None:  # noqa: F811
+    """The page on the gateway's port with two real workers under load (through the gateway) and an
+    on-demand one not started: every server listed, measured KV ratios below fp16's, nonzero tokens
+    per second. Its screenshot goes to the test's output, and to docs/dashboard.png (the README's)
+    with VELOXD_DOCS_SCREENSHOT=1."""
+    h = DaemonHarness(tmp_path, real_worker=True)
+    page = Page(h, free_port(), process=GATEWAY)
+    servers = {
+        "coder": real_entry(
+            method="kivi", bits=2, overrides={"kivi_residual_length": 32}, description="KIVI 2-bit keys and values"
+        ),
+        "chat": real_entry(method="affine", bits=4, description="affine 4-bit, per-token groups"),
+        "reasoner": real_entry(method="turboquant_mse", bits=3, start="on_demand", description="started on demand"),
+    }
+    h.write(gateway_yaml({"port": page.port}, servers))
+    try:
+        h.start()
+        h.wait_states({GATEWAY: "ready", "coder": "ready", "chat": "ready", "reasoner": "stopped"}, timeout=LOAD_S)
+        tab = browser.new_page(viewport=VIEWPORT)
+        tab.goto(page.url)
+        story = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 48}
+        url = page.url + "v1/chat/completions"
+        with generating([(url, {**story, "model": name}) for name in ("coder", "chat")], timeout=LOAD_S):
+            tab.wait_for_function(
+                "['coder', 'chat'].every(n => parseFloat("
+                "document.querySelector(`tr[data-server='${n}'] td.tps`)?.textContent) > 0)",
+                timeout=LOAD_S * 1000,
+            )
+            tab.wait_for_timeout(15_000)  # some chart history for the screenshot
+            for name in ("coder", "chat"):  # measured at start: compressed caches hold fewer bytes than fp16
+                assert float(tab.locator(f"tr[data-server='{name}'] .kv").inner_text().rstrip("%")) < 100
+            assert tab.locator("tr[data-server='reasoner']").get_attribute("data-state") == "stopped"
+            assert tab.locator(f"tr[data-server='{GATEWAY}']").get_attribute("data-state") == "ready"
+            shot = tmp_path / "dashboard.png"
+            tab.screenshot(path=str(shot), full_page=True)
+            if os.environ.get("VELOXD_DOCS_SCREENSHOT"):
+                tab.screenshot(path=str(REPO / "docs" / "dashboard.png"), full_page=True)
+            assert shot.stat().st_size > 10_000
+        tab.close()
         assert h.stop(timeout=60) == 0
     finally:
         h.cleanup()

@@ -83,6 +83,7 @@ def add_routes(
                 **monitor.page_state(),
                 "history": list(monitor.history),
                 "actions": current_key() is not None,
+                "actions_setting": key_setting,
                 "interval_s": monitor.interval_s,
                 "history_max": monitor.history.maxlen,
             },

@@ -239,6 +239,7 @@ function applyState(s) {
 async function load() {
   const state = await (await fetch("api/state")).json();
   page.actions = !!state.actions;
+  $("actions-setting").textContent = state.actions_setting || "dashboard.api_key_env"; // the gateway's key, if it serves the page
   page.historyMax = state.history_max || 900;
   page.history = state.history || [];
   applyState(state);
