@@ -106,7 +106,8 @@ class VeloxdCollector:
         yield kv
         yield _gauge(
             "veloxd_kv_cache_compression_ratio",
-            "Measured KV bytes of the method over fp16's (lower is smaller).",
+            "Measured KV bytes of the method over fp16's, totals at READY's reference length "
+            "(a method's fp16 residual window included; lower is smaller).",
             [([s["name"]], s["kv_ratio"]) for s in servers],
             labels=["server"],
         )
