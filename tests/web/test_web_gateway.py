@@ -7,6 +7,9 @@ checked against the events the test causes. The same with the real model: test_w
 
 from __future__ import annotations
 
+import json
+import threading
+import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -14,8 +17,8 @@ from typing import Any
 import pytest
 
 from tests.fixtures.daemon_harness import DaemonHarness
-from tests.gateway.support import GATEWAY, fake_entry, gateway_yaml, model_dir, post
-from tests.support import free_port, http_json
+from tests.gateway.support import GATEWAY, fake_entry, gateway_yaml, model_dir, models, post
+from tests.support import free_port, http_json, wait_until
 from tests.web.browser import VIEWPORT, browser  # noqa: F401 - the fixture
 from tests.web.support import Page
 
@@ -127,3 +130,54 @@ def test_gateway_page_in_a_browser_lists_the_servers(browser: Any, gateway: tupl
         assert tab.evaluate("window.veloxdTestMarker") == "not reloaded"
     finally:
         tab.close()
+
+
+def test_queue_depth_and_a_live_concurrency_change(tmp_path: Path) -> None:
+    """With concurrency 1, a request behind a long stream is queued (veloxd_gateway_queue_depth 1); a
+    reload to concurrency 2 lets the next request through at once, and when everything has finished
+    the queue is 0 and the server is idle, so it unloads (the gateway's counts survive the change)."""
+    h = DaemonHarness(tmp_path)
+    page = Page(h, free_port(), process=GATEWAY)
+    slow = {"FAKE_STREAM_CHUNKS": "400", "FAKE_CHUNK_DELAY_S": "0.05"}  # 20 s: outlasts the steps below
+    lazy = fake_entry(model_dir(tmp_path, "m"), start="on_demand", idle_unload_s=1, concurrency=1, env=slow)
+    h.write(gateway_yaml({"port": page.port}, {"lazy": lazy}))
+    base = page.url.rstrip("/")
+    first_chunk, answers = threading.Event(), {}
+
+    def stream() -> None:
+        body = json.dumps({"model": "lazy", "prompt": "x", "stream": True}).encode()
+        request = urllib.request.Request(
+            base + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            response.readline()
+            first_chunk.set()
+            answers["stream"] = (response.status, response.read().endswith(b"data: [DONE]\n\n"))
+
+    def queued() -> None:
+        answers["queued"] = post(base, "/v1/completions", {"model": "lazy", "prompt": "y"})[0]
+
+    try:
+        h.start()
+        h.wait_states({GATEWAY: "ready", "lazy": "stopped"})
+        streaming, waiting = threading.Thread(target=stream), threading.Thread(target=queued)
+        streaming.start()
+        assert first_chunk.wait(120)
+        waiting.start()
+        page.wait_value("veloxd_gateway_queue_depth", 1, server="lazy")
+
+        mark = h.mark()
+        h.write(gateway_yaml({"port": page.port}, {"lazy": {**lazy, "concurrency": 2, "aliases": ["lazier"]}}))
+        h.wait_event("config_reloaded", after=mark)
+        wait_until(lambda: models(base)["lazy"]["aliases"] == ["lazier"], 60, what="the gateway's new view")
+        assert post(base, "/v1/completions", {"model": "lazier", "prompt": "z"})[0] == 200
+        assert streaming.is_alive()  # it went by the stream: the second slot of the new limit
+
+        streaming.join(120)
+        waiting.join(120)
+        assert answers == {"stream": (200, True), "queued": 200}
+        page.wait_value("veloxd_gateway_queue_depth", 0, server="lazy")
+        h.wait_event("server_idle_unloaded", server="lazy", after=mark)
+        assert not h.events("server_starting", server=GATEWAY)[1:]  # live: the gateway was not restarted
+    finally:
+        h.cleanup()
