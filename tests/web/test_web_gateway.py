@@ -114,10 +114,37 @@ def test_gateway_guards_the_dashboard_with_its_token(gateway: tuple[DaemonHarnes
     page.wait_value("veloxd_server_restarts_total", 1, server="alpha")  # the page's restart is a restart
 
 
+def test_gateway_page_starts_and_unloads_on_demand_servers(gateway: tuple[DaemonHarness, Page]) -> None:
+    """Start and unload, the gateway's own actions: start goes through admission like a first request
+    (counted as one), unload stops an idle on-demand server (counted with reason manual); `always`
+    servers refuse both; both need the token."""
+    h, page = gateway
+    assert page.state()["server_actions"] == ["restart", "start", "unload"]
+    assert page.request("api/servers/one/start", method="POST")[0] == 401
+    status, answer = page.request("api/servers/alpha/start", method="POST", headers=BEARER)
+    assert status == 409 and isinstance(answer, dict) and "start: always" in answer["error"]
+    status, answer = page.request("api/servers/one/start", method="POST", headers=BEARER)
+    assert status == 200 and answer == {"ok": True, "state": "starting", "already": False}, answer
+    h.wait_states({"one": "ready"})
+    status, answer = page.request("api/servers/one/start", method="POST", headers=BEARER)
+    assert status == 200 and isinstance(answer, dict) and answer["already"] is True  # counted once
+    page.wait_value("veloxd_gateway_admissions_total", 1, server="one")
+
+    mark = h.mark()
+    status, answer = page.request("api/servers/one/unload", method="POST", headers=BEARER)
+    assert status == 200 and isinstance(answer, dict) and answer["ok"], answer
+    assert h.wait_event("server_unloaded", server="one", after=mark)["reason"] == "manual"
+    h.wait_states({"one": "stopped"})
+    page.wait_value("veloxd_gateway_unloads_total", 1, server="one", reason="manual")
+    assert page.request("api/servers/alpha/unload", method="POST", headers=BEARER)[0] == 409
+    assert h.server("alpha")["state"] == "ready"
+
+
 def test_gateway_page_in_a_browser_lists_the_servers(browser: Any, gateway: tuple[DaemonHarness, Page]) -> None:  # noqa: F811
     """The page on the gateway's port, in Chromium: a row per server with its state, on-demand ones
-    stopped; a request for `one` turns its row ready without reloading the page."""
-    _, page = gateway
+    stopped; a request for `one` turns its row ready without reloading the page; with the token
+    typed in, `one`'s unload button stops it and its start button starts it again."""
+    h, page = gateway
     tab = browser.new_page(viewport=VIEWPORT)
     try:
         tab.goto(page.url)
@@ -127,6 +154,22 @@ def test_gateway_page_in_a_browser_lists_the_servers(browser: Any, gateway: tupl
         assert tab.locator("tr[data-server='two']").get_attribute("data-state") == "stopped"
         assert post(page.url.rstrip("/"), "/v1/completions", {"model": "one", "prompt": "x"}, BEARER)[0] == 200
         tab.wait_for_selector("tr[data-server='one'][data-state='ready']", timeout=TIMEOUT_MS)
+
+        tab.click("#actions summary")
+        tab.fill("#token", TOKEN)
+        tab.click("#token-form button[type=submit]")
+        one, two = "tr[data-server='one']", "tr[data-server='two']"
+        assert tab.locator(f"{two} button.unload").is_hidden()  # stopped: only start is offered
+        assert tab.locator(f"{one} button.start").is_hidden()  # ready: only unload
+        assert tab.locator("tr[data-server='alpha'] button.start").is_hidden()  # always: never
+        tab.click(f"{one} button.unload")
+        tab.wait_for_selector(f"{one}[data-state='stopped']", timeout=TIMEOUT_MS)
+        assert h.wait_event("server_unloaded", server="one")["reason"] == "manual"
+        mark = h.mark()
+        tab.click(f"{one} button.start")  # `one`, not `two`: no idle_unload_s to end its ready state early
+        h.wait_event("server_start_requested", server="one", after=mark)
+        tab.wait_for_selector(f"{one}[data-state='ready']", timeout=TIMEOUT_MS)
+        assert tab.inner_text("#action-result") == "done"
         assert tab.evaluate("window.veloxdTestMarker") == "not reloaded"
     finally:
         tab.close()

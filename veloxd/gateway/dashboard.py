@@ -9,18 +9,21 @@ The gateway may bind a LAN address, but the page shows logs and states; so:
   `veloxd status` is for the local user and as Prometheus on the same Mac expects;
 - from anywhere else, or with a foreign Host (a DNS-rebinding page), they need the gateway's
   bearer token like /v1, and without gateway.api_key_env they are refused;
-- actions (restart, reload) always need the gateway's bearer token in an Authorization header
-  and a same-origin request (veloxd.web.app checks both).
+- actions (restart, reload, and here start / unload of an on-demand server) always need the
+  gateway's bearer token in an Authorization header and a same-origin request (veloxd.web.app
+  checks both).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
+from typing import Any
 
 from aiohttp import web
 
-from veloxd.gateway.fleet import Fleet
+from veloxd.gateway.fleet import Fleet, Unavailable
+from veloxd.gateway.link import DaemonGone
 from veloxd.gateway.proxy import error_response
 from veloxd.web.app import add_routes
 from veloxd.web.main import allowed_hosts
@@ -39,7 +42,68 @@ def mount(app: web.Application, monitor: Monitor, fleet: Fleet, host: str, port:
         variable = fleet.settings.get("api_key_env")
         return (os.environ.get(variable) or None) if variable else None
 
-    add_routes(app, monitor, api_key=token, gateway=fleet.tally, key_setting="gateway.api_key_env")
+    async def start(name: str) -> dict[str, Any]:
+        return await start_now(fleet, name)
+
+    async def unload(name: str) -> dict[str, Any]:
+        return await unload_now(fleet, name)
+
+    add_routes(
+        app,
+        monitor,
+        api_key=token,
+        gateway=fleet.tally,
+        key_setting="gateway.api_key_env",
+        server_actions={"start": start, "unload": unload},
+    )
+
+
+def _on_demand(fleet: Fleet, name: str) -> dict[str, Any] | None:
+    """Why `name` cannot be started or unloaded by hand (None: it can)."""
+    server = fleet.servers.get(name)
+    if server is None:
+        return {"ok": False, "error": f"no server named {name!r} (servers: {', '.join(fleet.servers) or 'none'})"}
+    if server.get("start") != "on_demand":
+        return {"ok": False, "error": f"server {name!r} has start: always: the daemon runs it (restart it instead)"}
+    return None
+
+
+async def start_now(fleet: Fleet, name: str) -> dict[str, Any]:
+    """The page's start: admission and start, as a first request would do, without waiting for ready."""
+    refused = _on_demand(fleet, name)
+    if refused is not None:
+        return refused
+    state = fleet.servers[name]["state"]
+    if state != "stopped" or fleet.start_pending(name):
+        return {"ok": True, "state": state, "already": True}
+    fleet.slot(name).last_used = fleet.clock()  # idle_unload_s counts from this start, as from a request
+    try:
+        answer = await fleet.admit_and_start(name)
+    except Unavailable as err:  # over the memory budget: the same numbers a request's 503 carries
+        return {"ok": False, "error": str(err), **err.facts}
+    except DaemonGone as err:
+        return {"ok": False, "error": str(err)}
+    # `already`: the gateway's view was behind the daemon's (a start was under way or done).
+    return {"ok": True, "state": "starting", "already": bool(answer.get("already"))}
+
+
+async def unload_now(fleet: Fleet, name: str) -> dict[str, Any]:
+    """The page's unload: stop an idle on-demand server now (one with requests is left alone)."""
+    refused = _on_demand(fleet, name)
+    if refused is not None:
+        return refused
+    slot = fleet.slot(name)
+    if slot.in_flight:
+        return {"ok": False, "error": f"server {name!r} has {slot.in_flight} request(s) in flight or queued"}
+    slot.unloading = True  # the idle poller must not ask for the same stop
+    try:
+        answer = await fleet.link.unload(name, "manual")
+    except DaemonGone as err:
+        slot.unloading = False
+        return {"ok": False, "error": str(err)}
+    if answer.get("ok") and not answer.get("already"):
+        fleet.tally.unloaded(name, "manual")
+    return answer
 
 
 def is_dashboard(request: web.Request) -> bool:

@@ -178,8 +178,8 @@ class Fleet:
     async def _bring_up(self, name: str) -> None:
         """Start `name` if it is a stopped on-demand server, then wait until the view shows it ready."""
         server = self.servers.get(name) or {}
-        if server.get("state") == "stopped" and name not in self._pending:
-            await self._admit_and_start(name)
+        if server.get("state") == "stopped" and not self.start_pending(name):
+            await self.admit_and_start(name)
         while True:
             server = self.servers.get(name)
             if server is None:
@@ -191,13 +191,14 @@ class Fleet:
                 raise Unavailable(
                     f"server '{name}' failed and is stopped (fatal): {server.get('fatal_reason')}", state=state
                 )
-            if state == "stopped" and name not in self._pending:
+            if state == "stopped" and not self.start_pending(name):
                 if server.get("start") != "on_demand":
                     raise Unavailable(f"server '{name}' is stopped", retry_after_s=5, state=state)
-                await self._admit_and_start(name)  # unloaded meanwhile: start it again
+                await self.admit_and_start(name)  # unloaded meanwhile: start it again
             await self._refreshed.wait()
 
-    async def _admit_and_start(self, name: str) -> None:
+    async def admit_and_start(self, name: str) -> dict[str, Any]:
+        """Admission, then the daemon's start (its answer); Unavailable when refused."""
         async with self._admission:  # one admission at a time: each sees the others' starts
             server = self.servers[name]
             need = server.get("need") or 0
@@ -227,6 +228,11 @@ class Fleet:
                     self.tally.unloaded(victim, "admission")
             if answer.get("state") == "stopped":  # the victims stop first; the start follows
                 self._pending[name] = self.clock() + self.start_timeout_s()
+            return answer
+
+    def start_pending(self, name: str) -> bool:
+        """A start was asked for and the daemon stops the admission's victims first."""
+        return name in self._pending
 
     def residents(self) -> list[admission.Resident]:
         """Every server holding memory (not stopped, or about to start), with the gateway's usage facts."""

@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +44,7 @@ def add_routes(
     gateway: GatewayCounters | None = None,
     prefix: str = "",
     key_setting: str = "dashboard.api_key_env",
+    server_actions: Mapping[str, Callable[[str], Awaitable[dict[str, Any]]]] | None = None,
 ) -> None:
     """Install the dashboard into `app`, and start/stop `monitor` with it.
 
@@ -54,10 +55,13 @@ def add_routes(
         gateway: the gateway's admission/unload/request counters, for /metrics.
         prefix: mount point, e.g. "/dashboard" (the page uses relative URLs).
         key_setting: the veloxd.yaml key that enables actions, named when they are refused.
+        server_actions: more per-server actions, POST /api/servers/{name}/{action} (a gateway's
+            start and unload of on-demand servers), each answering {"ok": ..., ...}.
     """
     hosts = {h.lower() for h in allowed_hosts} if allowed_hosts is not None else None
     registry = registry_for(monitor, gateway)
     current_key: Callable[[], str | None] = api_key if callable(api_key) else (lambda: api_key)
+    extra = dict(server_actions or {})
 
     def guard(handler: Handler, action: bool = False) -> Handler:
         async def guarded(request: web.Request) -> web.StreamResponse:
@@ -84,6 +88,7 @@ def add_routes(
                 "history": list(monitor.history),
                 "actions": current_key() is not None,
                 "actions_setting": key_setting,
+                "server_actions": ["restart", *extra],
                 "interval_s": monitor.interval_s,
                 "history_max": monitor.history.maxlen,
             },
@@ -130,6 +135,14 @@ def add_routes(
     async def restart(request: web.Request) -> web.StreamResponse:
         return await _forward(monitor, {"command": "restart", "name": request.match_info["name"]})
 
+    def server_action(act: Callable[[str], Awaitable[dict[str, Any]]]) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            answer = await act(request.match_info["name"])
+            await monitor.refresh()
+            return web.json_response(answer, status=200 if answer.get("ok") else 409)
+
+        return handle
+
     routes = [
         web.get(prefix + "/", guard(index)),
         web.get(prefix + "/api/state", guard(state)),
@@ -138,6 +151,10 @@ def add_routes(
         web.get(prefix + "/metrics", guard(metrics)),
         web.post(prefix + "/api/reload", guard(reload, action=True)),
         web.post(prefix + "/api/servers/{name}/restart", guard(restart, action=True)),
+        *(
+            web.post(f"{prefix}/api/servers/{{name}}/{a}", guard(server_action(f), action=True))
+            for a, f in extra.items()
+        ),
     ]
     for name in ("app.js", "style.css"):
         routes.append(web.get(f"{prefix}/static/{name}", guard(_static(name))))

@@ -219,6 +219,7 @@ class Monitor:
             "method": snap.get("method"),
             "bits": ready.get("bits", entry.get("bits")),
             "description": entry.get("description") or "",
+            "start": entry.get("start") or "always",  # on_demand: the gateway's page offers start / unload
             "kv_ratio": kv.get("ratio"),
             "kv_bytes_per_token": kv.get("method"),
             "fp16_bytes_per_token": kv.get("fp16"),
