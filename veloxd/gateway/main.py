@@ -3,7 +3,8 @@
 Connects to the daemon's control socket (VELOXD_CONTROL_SOCKET), binds host:port, prints the
 READY line the supervisor waits for, serves until SIGTERM/SIGINT or until the daemon's lifeline
 closes. Besides /v1 it serves the dashboard and /metrics (veloxd.gateway.dashboard), sampling the
-daemon over the same socket. Exit codes: 0 stopped, 2 cannot bind (retrying cannot help), 3 no daemon to talk to.
+daemon over the same socket. Exit codes: 0 stopped, 2 cannot bind (retrying cannot help), 3 no
+daemon to talk to.
 """
 
 from __future__ import annotations
