@@ -86,6 +86,7 @@ def test_gateway_counts_admissions_unloads_and_requests_in_metrics(gateway: tupl
     assert value("veloxd_server_state", server=GATEWAY, state="ready") == 1
     assert value("veloxd_daemon_up") == 1
     assert h.state()["dashboard"] is None  # the gateway is the one dashboard
+    assert f"dashboard: http://127.0.0.1:{page.port}/ and /metrics (served by @gateway)" in h.cli("status").stdout
 
 
 def test_gateway_guards_the_dashboard_with_its_token(gateway: tuple[DaemonHarness, Page]) -> None:
