@@ -8,9 +8,11 @@ from pathlib import Path
 from typing import Any
 
 from tests.fixtures.daemon_harness import FAST_RESTART, DaemonHarness
-from tests.support import http_json, wait_until
+from tests.support import REPO, http_json, wait_until
 
 GATEWAY = "@gateway"
+MODEL = str(REPO / "veloxd" / "assets" / "tiny-llama")  # the shipped model: real workers, no download
+LOAD_S = 240  # several model loads on two busy CPU cores
 
 
 def gateway_yaml(gateway: Mapping[str, Any], servers: Mapping[str, Mapping[str, Any]]) -> str:
@@ -29,6 +31,11 @@ def fake_entry(model: Path | str, **extra: Any) -> dict[str, Any]:
         "restart": dict(FAST_RESTART),
         **extra,
     }
+
+
+def real_entry(**extra: Any) -> dict[str, Any]:
+    """An entry for a real `veloxd serve` on the shipped tiny model (fp16 unless `extra` says otherwise)."""
+    return {"model": MODEL, "method": "fp16", "ready_timeout_s": LOAD_S, "stop_timeout_s": 20, **extra}
 
 
 def model_dir(root: Path, name: str, weights_bytes: int = 1000, context: int = 16) -> Path:

@@ -107,3 +107,16 @@ def test_state_file_round_trip_keeps_the_gateway(tmp_path: Path) -> None:
     again = config_from_dict(config_to_dict(config))
     assert again.gateway == config.gateway and again.servers == config.servers
     assert diff(config, again).is_noop
+
+
+def test_a_dashboard_block_beside_a_gateway_is_refused_naming_the_gateways_port(tmp_path: Path) -> None:
+    """The gateway serves the dashboard and /metrics: a second dashboard on another port is a mistake of the
+    file, reported at the dashboard: key; the same block without a gateway stays valid."""
+    text = BASE + "dashboard: {port: 8090, interval_s: 0.5}\n"
+    found = issues(write_config(tmp_path, text))
+    assert [(line, path) for line, _, path, _ in found] == [(6, "$.dashboard")]
+    message = found[0][3]
+    assert "the gateway serves the dashboard and /metrics itself" in message
+    assert "http://127.0.0.1:9000/" in message and "remove the dashboard: block" in message
+    alone = "version: 1\nservers:\n  coder: {model: ./model, method: fp16, port: 8081}\ndashboard: {port: 8090}\n"
+    assert load_config(write_config(tmp_path, alone, name="alone.yaml")).dashboard is not None

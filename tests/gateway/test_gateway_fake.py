@@ -116,7 +116,7 @@ def test_routing_limits_auth_and_live_changes_without_restarts(harness: DaemonHa
 
 
 def test_streams_pass_through_and_a_worker_killed_mid_stream_is_an_error(
-    harness: DaemonHarness, tmp_path: Path
+    harness: DaemonHarness, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     h = harness
     gateway = {"port": free_port()}
@@ -125,6 +125,7 @@ def test_streams_pass_through_and_a_worker_killed_mid_stream_is_an_error(
     h.start()
     h.wait_states({GATEWAY: "ready", "alpha": "ready"})
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway['port']}/v1", api_key="unused", max_retries=0)
+    request.addfinalizer(client.close)  # its pooled sockets, else a ResourceWarning whenever GC finds them
 
     first = h.server("alpha")["pid"]
     stream = client.completions.create(model="alpha", prompt="x", stream=True)

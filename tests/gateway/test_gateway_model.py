@@ -11,20 +11,15 @@ import openai
 import pytest
 
 from tests.fixtures.daemon_harness import DaemonHarness, pid_alive
-from tests.gateway.support import GATEWAY, events_after, gateway_yaml, models
-from tests.support import REPO, free_port, http_json, wait_until
-
-MODEL = str(REPO / "veloxd" / "assets" / "tiny-llama")
-LOAD_S = 240  # several model loads on two busy CPU cores
+from tests.gateway.support import GATEWAY, LOAD_S, MODEL, events_after, gateway_yaml, models, real_entry
+from tests.support import free_port, http_json, wait_until
 
 
-def real_entry(**extra: object) -> dict[str, object]:
-    return {"model": MODEL, "method": "fp16", "ready_timeout_s": LOAD_S, "stop_timeout_s": 20, **extra}
-
-
-def client(port: int) -> openai.OpenAI:
+def client(port: int, request: pytest.FixtureRequest) -> openai.OpenAI:
     # max_retries=0: a 503 must reach the test, not be retried after Retry-After.
-    return openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=LOAD_S)
+    api = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0, timeout=LOAD_S)
+    request.addfinalizer(api.close)  # its pooled sockets, else a ResourceWarning whenever GC finds them
+    return api
 
 
 def reload(h: DaemonHarness, text: str) -> dict:
@@ -34,7 +29,7 @@ def reload(h: DaemonHarness, text: str) -> dict:
 
 
 @pytest.mark.slow
-def test_one_endpoint_for_every_server(tmp_path: Path) -> None:
+def test_one_endpoint_for_every_server(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """Names and aliases route; streaming; /v1/models; unknown model 404; three concurrent first requests
     share one on-demand start; idle unload; a worker killed mid-stream is an error and the next request
     succeeds; an alias change applies without restarting anything."""
@@ -49,7 +44,7 @@ def test_one_endpoint_for_every_server(tmp_path: Path) -> None:
     try:
         h.start()
         h.wait_states({GATEWAY: "ready", "alpha": "ready", "beta": "ready", "lazy": "stopped"}, timeout=LOAD_S)
-        api = client(gateway["port"])
+        api = client(gateway["port"], request)
         hello = [{"role": "user", "content": "hello"}]
 
         for model, served in (("alpha", "alpha"), ("fast", "alpha"), ("beta", "beta"), (MODEL, None)):
@@ -126,7 +121,7 @@ def test_one_endpoint_for_every_server(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_memory_admission_with_measured_needs(tmp_path: Path) -> None:
+def test_memory_admission_with_measured_needs(tmp_path: Path, request: pytest.FixtureRequest) -> None:
     """A budget that fits one model: the request for the second unloads the idle first. A budget that
     fits neither: 503 naming the need and the budget."""
     h = DaemonHarness(tmp_path, real_worker=True)
@@ -136,7 +131,7 @@ def test_memory_admission_with_measured_needs(tmp_path: Path) -> None:
     try:
         h.start()
         h.wait_states({GATEWAY: "ready"}, timeout=LOAD_S)
-        api = client(gateway["port"])
+        api = client(gateway["port"], request)
         assert api.completions.create(model="one", prompt="x", max_tokens=2).model == "one"
         base = f"http://127.0.0.1:{gateway['port']}"
         # READY measured KV bytes per token and the loaded weights: the need now counts the KV at the context limit.

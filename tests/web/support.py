@@ -2,16 +2,18 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import threading
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.daemon_harness import DaemonHarness, to_yaml
-from tests.support import wait_until
+from tests.support import http_json, wait_until
 
 DASHBOARD = "@dashboard"  # the dashboard process's name in the daemon's events
 
@@ -23,15 +25,17 @@ def config_text(servers: Mapping[str, Mapping[str, Any]], dashboard: Mapping[str
 
 
 class Page:
-    """The dashboard process of a daemon under test, reached over HTTP."""
+    """The dashboard of a daemon under test, reached over HTTP: the `veloxd web` process by default,
+    or the gateway's port (`process="@gateway"`), which serves the same routes."""
 
-    def __init__(self, harness: DaemonHarness, port: int) -> None:
+    def __init__(self, harness: DaemonHarness, port: int, process: str = DASHBOARD) -> None:
         self.harness = harness
         self.port = port
+        self.process = process
         self.url = f"http://127.0.0.1:{port}/"
 
     def wait_ready(self, timeout: float = 120, after: int = 0) -> dict[str, Any]:
-        return self.harness.wait_event("server_ready", timeout=timeout, after=after, server=DASHBOARD)
+        return self.harness.wait_event("server_ready", timeout=timeout, after=after, server=self.process)
 
     def request(
         self, path: str, method: str = "GET", headers: Mapping[str, str] | None = None, body: bytes | None = None
@@ -61,13 +65,12 @@ class Page:
 
     def metrics(self) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
         """Every sample of /metrics as {(name, labels): value}, parsed by prometheus_client's parser."""
+        return samples(self.metrics_text())
+
+    def metrics_text(self) -> str:
         status, text = self.request("metrics")
         assert status == 200 and isinstance(text, str), (status, text)
-        return {
-            (s.name, frozenset(s.labels.items())): s.value
-            for family in text_string_to_metric_families(text)
-            for s in family.samples
-        }
+        return text
 
     def value(self, name: str, **labels: str) -> float | None:
         return self.metrics().get((name, frozenset(labels.items())))
@@ -79,3 +82,33 @@ class Page:
             interval=0.2,
             what=f"{name}{labels} == {expected} (last: {self.value(name, **labels)})",
         )
+
+
+def samples(text: str) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+    """Every sample of a Prometheus exposition as {(name, labels): value}, by prometheus_client's parser."""
+    return {
+        (s.name, frozenset(s.labels.items())): s.value
+        for family in text_string_to_metric_families(text)
+        for s in family.samples
+    }
+
+
+@contextlib.contextmanager
+def generating(requests: list[tuple[str, dict[str, Any]]], timeout: float = 120) -> Iterator[None]:
+    """While the block runs, one thread per (url, body) posts that completion again and again (load
+    for tokens per second and the charts); on exit the threads finish their request and stop."""
+    done = threading.Event()
+
+    def loop(url: str, body: dict[str, Any]) -> None:
+        while not done.is_set():
+            http_json(url, body, timeout=timeout)
+
+    threads = [threading.Thread(target=loop, args=request, daemon=True) for request in requests]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        done.set()
+        for thread in threads:
+            thread.join(timeout + 30)

@@ -17,7 +17,7 @@ import pytest
 from tests.fixtures.daemon_harness import DaemonHarness, entry
 from tests.support import free_port, http_json
 from tests.web.browser import VIEWPORT, browser  # noqa: F401 - the fixture
-from tests.web.support import Page, config_text
+from tests.web.support import Page, config_text, generating
 
 TIMEOUT_MS = 60_000
 
@@ -134,10 +134,8 @@ def test_log_tail_filters_by_text_and_server(browser: Any, running: tuple[Daemon
 @pytest.mark.slow
 def test_dashboard_with_real_workers(browser: Any, tmp_path: Path) -> None:  # noqa: F811
     """Two real `veloxd serve` workers on the shipped tiny model under load: the page shows their
-    measured KV ratios and nonzero tokens per second. The screenshot goes to the test's output
-    (and to docs/dashboard.png with VELOXD_DOCS_SCREENSHOT=1)."""
-    import threading
-
+    measured KV ratios and nonzero tokens per second. The screenshot goes to the test's output (the
+    README's, docs/dashboard.png, is the gateway's page: tests/web/test_web_gateway_model.py)."""
     from tests.support import REPO
 
     model = str(REPO / "veloxd" / "assets" / "tiny-llama")
@@ -163,42 +161,26 @@ def test_dashboard_with_real_workers(browser: Any, tmp_path: Path) -> None:  # n
         ),
     }
     h.write(config_text(servers, {"port": page.port, "interval_s": 1.0}))
-    done = threading.Event()
-
-    def load(port: int) -> None:
-        while not done.is_set():
-            http_json(
-                f"http://127.0.0.1:{port}/v1/chat/completions",
-                {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 48},
-                timeout=120,
-            )
-
     try:
         h.start()
         h.wait_states({"coder": "ready", "chat": "ready"}, timeout=300)
         page.wait_ready()
         tab = browser.new_page(viewport=VIEWPORT)
         tab.goto(page.url)
-        workers = [threading.Thread(target=load, args=(s["port"],), daemon=True) for s in servers.values()]
-        for worker in workers:
-            worker.start()
-        tab.wait_for_function(
-            "[...document.querySelectorAll('td.tps')].every(td => parseFloat(td.textContent) > 0)", timeout=120_000
-        )
-        tab.wait_for_timeout(15_000)  # some chart history
-        for name in servers:  # measured at start: compressed caches hold fewer bytes than fp16
-            assert float(row(tab, name).locator(".kv").inner_text().rstrip("%")) < 100
-        assert row(tab, "coder").locator(".model").inner_text() == "tiny-llama"
-        shot = tmp_path / "dashboard.png"
-        tab.screenshot(path=str(shot), full_page=True)
-        if os.environ.get("VELOXD_DOCS_SCREENSHOT"):
-            tab.screenshot(path=str(REPO / "docs" / "dashboard.png"), full_page=True)
-        assert shot.stat().st_size > 10_000
-        done.set()
-        for worker in workers:
-            worker.join(150)
+        story = {"messages": [{"role": "user", "content": "Tell me a story"}], "max_tokens": 48}
+        with generating([(f"http://127.0.0.1:{s['port']}/v1/chat/completions", story) for s in servers.values()]):
+            tab.wait_for_function(
+                "[...document.querySelectorAll('td.tps')].every(td => parseFloat(td.textContent) > 0)",
+                timeout=120_000,
+            )
+            tab.wait_for_timeout(15_000)  # some chart history
+            for name in servers:  # measured at start: compressed caches hold fewer bytes than fp16
+                assert float(row(tab, name).locator(".kv").inner_text().rstrip("%")) < 100
+            assert row(tab, "coder").locator(".model").inner_text() == "tiny-llama"
+            shot = tmp_path / "dashboard.png"
+            tab.screenshot(path=str(shot), full_page=True)
+            assert shot.stat().st_size > 10_000
         tab.close()
         assert h.stop(timeout=60) == 0
     finally:
-        done.set()
         h.cleanup()

@@ -28,7 +28,7 @@ def render_markdown() -> str:
             "",
             entry_keys_table(),
             "",
-            "## Dashboard keys (top-level `dashboard:`; absent: no dashboard)",
+            "## Dashboard keys (top-level `dashboard:`; absent: no dashboard; with `gateway:` the gateway serves it)",
             "",
             block_table("dashboard"),
             "",

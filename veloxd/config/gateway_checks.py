@@ -71,3 +71,23 @@ def with_assigned_ports(servers: dict[str, ServerEntry], gateway: Gateway | None
         taken.add(port)
         out[name] = dataclasses.replace(servers[name], port=port)
     return out
+
+
+def check_dashboard_beside_gateway(raw_gateway: Any, raw_dashboard: Any) -> Problems:
+    """A `dashboard:` block next to a `gateway:` block would be a second dashboard: refused, saying where it is.
+
+    The gateway serves the dashboard and /metrics on its own port (veloxd.gateway.dashboard), with
+    its counters of admissions, unloads and queued requests; a sidecar on another port would show
+    the same servers without them, so the file names one place only.
+    """
+    if not isinstance(raw_gateway, dict) or raw_dashboard is None:
+        return []
+    port = raw_gateway.get("port")
+    where = f"http://127.0.0.1:{port}/ and /metrics" if isinstance(port, int) else "the gateway's port"
+    return [
+        (
+            ("dashboard",),
+            "with a gateway: block the gateway serves the dashboard and /metrics itself "
+            f"({where}; actions use gateway.api_key_env): remove the dashboard: block",
+        )
+    ]

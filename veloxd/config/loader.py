@@ -8,7 +8,12 @@ from typing import Any
 
 from veloxd.config.errors import ConfigError, ConfigIssue, json_path, one_line, short_repr
 from veloxd.config.gateway import GATEWAY_NAME
-from veloxd.config.gateway_checks import check_gateway, check_routing, with_assigned_ports
+from veloxd.config.gateway_checks import (
+    check_dashboard_beside_gateway,
+    check_gateway,
+    check_routing,
+    with_assigned_ports,
+)
 from veloxd.config.model import VERSION, Config, ServerEntry, dashboard_from_dict
 from veloxd.config.semantic import check_dashboard, check_entry, endpoint_conflicts
 from veloxd.config.source import SourceProblem, read_source
@@ -103,6 +108,7 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
         issues.append(locate(file, spans, ("servers", name, "distributed", "port"), message))
     dashboard = None
     raw_dashboard = data.get("dashboard")
+    issues += [locate(file, spans, p, m) for p, m in check_dashboard_beside_gateway(data.get("gateway"), raw_dashboard)]
     if isinstance(raw_dashboard, dict) and not any(p[:1] == ("dashboard",) for p in bad_paths):
         problems = check_dashboard(raw_dashboard, _endpoints(raw_servers))
         issues += [locate(file, spans, ("dashboard", *p), message) for p, message in problems]

@@ -437,7 +437,8 @@ class Config:
         default=None,
         metadata={
             "section": Dashboard,
-            "help": "A local dashboard and Prometheus /metrics (`veloxd web`, supervised by the daemon); absent: none.",
+            "help": "A local dashboard and Prometheus /metrics (`veloxd web`, supervised by the daemon); absent: "
+            "none. With a gateway: block the gateway serves both on its own port and this block is refused.",
         },
     )
     gateway: Gateway | None = None

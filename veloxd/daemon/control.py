@@ -73,7 +73,7 @@ def _to_message(request: dict[str, Any], reply: m.Reply) -> m.Message | None:
         unload = request.get("unload") or []
         if isinstance(unload, list) and all(isinstance(n, str) for n in unload):
             return m.StartRequested(name=name, unload=tuple(unload), reply=reply)
-    if command == "unload" and isinstance(name, str) and request.get("reason") in ("idle", "admission"):
+    if command == "unload" and isinstance(name, str) and request.get("reason") in ("idle", "admission", "manual"):
         return m.UnloadRequested(name=name, reason=request["reason"], reply=reply)
     return None
 

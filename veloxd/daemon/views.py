@@ -90,11 +90,14 @@ def render_status(state: dict[str, Any]) -> str:
         lines.append(f"last reload: {verdict} at {reload.get('at')} ({reload.get('source')})")
         lines += [f"  {error}" for error in reload.get("errors") or []]
     dashboard = state.get("dashboard")
+    gateway = (state.get("servers") or {}).get("@gateway")  # serves the dashboard when there is one
     if dashboard:
         lines.append(
             f"dashboard: {dashboard.get('state')} at http://{dashboard.get('host')}:{dashboard.get('port')}/"
             + (f" (pid {dashboard['pid']})" if dashboard.get("pid") else "")
         )
+    elif gateway and gateway.get("port"):
+        lines.append(f"dashboard: http://127.0.0.1:{gateway['port']}/ and /metrics (served by @gateway)")
     rows = status_rows(state)
     if not rows:
         lines.append("no servers")

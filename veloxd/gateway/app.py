@@ -1,7 +1,8 @@
 """The gateway's aiohttp application: auth, routing by `model`, waiting for readiness, forwarding.
 
-`build_app` makes the whole application in one place, so more routes (metrics, a dashboard) can
-be added to it; `Accounting.listen` sees every finished request.
+`build_app` makes the whole application in one place: the OpenAI routes and, given a Monitor,
+the dashboard and /metrics (veloxd.web.app) on the same port, under the access rules of
+veloxd.gateway.dashboard. `Accounting.listen` sees every finished request.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from typing import Any
 
 from aiohttp import web
 
+from veloxd.gateway import dashboard
 from veloxd.gateway.events import Accounting, RequestRecord
 from veloxd.gateway.fleet import Fleet, Unavailable
 from veloxd.gateway.proxy import UpstreamLost, UpstreamUnreachable, error_response, forward
 from veloxd.gateway.upstream import Spares
+from veloxd.web.monitor import Monitor
 
 FORWARDED_PATHS = ("/v1/chat/completions", "/v1/completions", "/chat/completions")  # what mlx_lm serves
 OPEN_PATHS = ("/health",)
@@ -34,10 +37,14 @@ SPARES = web.AppKey("spares", Spares)
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
-def build_app(fleet: Fleet, accounting: Accounting | None = None) -> web.Application:
+def build_app(
+    fleet: Fleet, accounting: Accounting | None = None, monitor: Monitor | None = None, *, host: str, port: int
+) -> web.Application:
+    """The gateway on host:port; with `monitor`, also the dashboard and /metrics (veloxd.web.app)."""
     app = web.Application(client_max_size=CLIENT_MAX_SIZE, middlewares=[_auth])
     app[FLEET] = fleet
     app[ACCOUNTING] = accounting or Accounting()
+    app[ACCOUNTING].listen(fleet.tally.finished)
     app[CREATED] = int(time.time())
     app[SPARES] = Spares()
     app.on_cleanup.append(_close_spares)
@@ -46,6 +53,8 @@ def build_app(fleet: Fleet, accounting: Accounting | None = None) -> web.Applica
     app.router.add_get("/v1/models/{model:.+}", get_model)
     for path in FORWARDED_PATHS:
         app.router.add_post(path, completion)
+    if monitor is not None:
+        dashboard.mount(app, monitor, fleet, host, port)
     return app
 
 
@@ -57,7 +66,15 @@ async def _close_spares(app: web.Application) -> None:
 async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Bearer auth (scheme case-insensitive) when gateway.api_key_env is set; /health stays open."""
     variable = request.app[FLEET].settings.get("api_key_env")
-    if not variable or request.path in OPEN_PATHS:
+    if request.path in OPEN_PATHS:
+        return await handler(request)
+    if dashboard.is_dashboard(request):
+        refused = dashboard.refuse(request, variable)
+        if refused is not None:
+            return refused
+        if dashboard.open_to(request):  # a browser or Prometheus on this machine: no token for reads
+            return await handler(request)
+    if not variable:
         return await handler(request)
     expected = os.environ.get(variable)
     if not expected:
@@ -200,32 +217,44 @@ async def _forward_when_ready(
         await fleet.ensure_ready(name, deadline)
         async with slot.semaphore:
             record.queued_s = time.monotonic() - record.started
-            server = fleet.servers.get(name)
-            if server is None:
-                raise Unavailable(f"server '{name}' was removed from the config")
+            slot.forwarding += 1
             try:
-                return await forward(
-                    request,
-                    _host(server["host"]),
-                    server["port"],
-                    body,
-                    server.get("upstream_token"),
-                    record,
-                    request.app[SPARES],
-                )
-            except UpstreamUnreachable:
-                fleet.mark_unreachable(name)  # died or unloaded since the last view: wait for it again
-            except UpstreamLost as err:
-                if not await fleet.process_replaced(name, server.get("pid")):
-                    record.error = f"upstream: {err}"
-                    return error_response(
-                        502,
-                        f"the server for '{name}' closed the connection before answering ({err})",
-                        "upstream_failed",
-                    )
+                answer = await _forward_to(request, fleet, name, body, record)
+            finally:
+                slot.forwarding -= 1
+            if answer is not None:
+                return answer
         if fleet.clock() >= deadline:
             raise Unavailable(f"server '{name}' is not reachable", retry_after_s=5)
         await asyncio.sleep(RETRY_PAUSE_S)
+
+
+async def _forward_to(
+    request: web.Request, fleet: Fleet, name: str, body: bytes, record: RequestRecord
+) -> web.StreamResponse | None:
+    """The worker's answer, an error response, or None when the worker is gone and a retry may reach its successor."""
+    server = fleet.servers.get(name)
+    if server is None:
+        raise Unavailable(f"server '{name}' was removed from the config")
+    try:
+        return await forward(
+            request,
+            _host(server["host"]),
+            server["port"],
+            body,
+            server.get("upstream_token"),
+            record,
+            request.app[SPARES],
+        )
+    except UpstreamUnreachable:
+        fleet.mark_unreachable(name)  # died or unloaded since the last view: wait for it again
+    except UpstreamLost as err:
+        if not await fleet.process_replaced(name, server.get("pid")):
+            record.error = f"upstream: {err}"
+            return error_response(
+                502, f"the server for '{name}' closed the connection before answering ({err})", "upstream_failed"
+            )
+    return None
 
 
 def _host(host: str) -> str:

@@ -19,6 +19,7 @@ from typing import Any
 from veloxd.gateway import admission
 from veloxd.gateway.events import emit
 from veloxd.gateway.link import DaemonGone, DaemonLink
+from veloxd.gateway.tally import GatewayTally
 
 POLL_IDLE_S = 0.5
 POLL_WAITING_S = 0.05  # while a request waits for a server to become ready
@@ -42,6 +43,7 @@ class Slot:
     semaphore: asyncio.Semaphore
     last_used: float
     in_flight: int = 0  # forwarded, or waiting (for a start or a concurrency slot)
+    forwarding: int = 0  # holding a concurrency slot: in_flight - forwarding are queued
     state: str = "stopped"
     unloading: bool = False
 
@@ -58,6 +60,11 @@ class Fleet:
         self._pending: dict[str, float] = {}  # start requested (until when we count on it), not yet in the view
         self._admission = asyncio.Lock()
         self._waiting = 0
+        self.tally = GatewayTally(self.queued)
+
+    def queued(self) -> dict[str, int]:
+        """Requests per server waiting in the gateway: for a start, or for a concurrency slot."""
+        return {name: max(0, slot.in_flight - slot.forwarding) for name, slot in self.slots.items()}
 
     # ---- the daemon's view ----------------------------------------------------------------
     @property
@@ -82,15 +89,12 @@ class Fleet:
         for name, server in servers.items():
             slot = self.slots.get(name)
             limit = int(server.get("concurrency") or 1)
-            if slot is None or slot.limit != limit:  # requests holding the old semaphore finish under it
-                busy = slot.in_flight if slot else 0
-                slot = self.slots[name] = Slot(
-                    limit,
-                    asyncio.Semaphore(limit),
-                    slot.last_used if slot else now,
-                    in_flight=busy,
-                    state=slot.state if slot else "stopped",
-                )
+            if slot is None:
+                slot = self.slots[name] = Slot(limit, asyncio.Semaphore(limit), now)
+            elif slot.limit != limit:
+                # The same Slot keeps counting (requests in flight hold it and decrement it when they
+                # end); only new requests queue on the new semaphore, those holding the old one finish.
+                slot.limit, slot.semaphore = limit, asyncio.Semaphore(limit)
             if server["state"] != slot.state and server["state"] in ("starting", "ready"):
                 slot.last_used = max(slot.last_used, now)  # idle time counts from the (re)start
             slot.state = server["state"]
@@ -174,8 +178,8 @@ class Fleet:
     async def _bring_up(self, name: str) -> None:
         """Start `name` if it is a stopped on-demand server, then wait until the view shows it ready."""
         server = self.servers.get(name) or {}
-        if server.get("state") == "stopped" and name not in self._pending:
-            await self._admit_and_start(name)
+        if server.get("state") == "stopped" and not self.start_pending(name):
+            await self.admit_and_start(name)
         while True:
             server = self.servers.get(name)
             if server is None:
@@ -187,18 +191,20 @@ class Fleet:
                 raise Unavailable(
                     f"server '{name}' failed and is stopped (fatal): {server.get('fatal_reason')}", state=state
                 )
-            if state == "stopped" and name not in self._pending:
+            if state == "stopped" and not self.start_pending(name):
                 if server.get("start") != "on_demand":
                     raise Unavailable(f"server '{name}' is stopped", retry_after_s=5, state=state)
-                await self._admit_and_start(name)  # unloaded meanwhile: start it again
+                await self.admit_and_start(name)  # unloaded meanwhile: start it again
             await self._refreshed.wait()
 
-    async def _admit_and_start(self, name: str) -> None:
+    async def admit_and_start(self, name: str) -> dict[str, Any]:
+        """Admission, then the daemon's start (its answer); Unavailable when refused."""
         async with self._admission:  # one admission at a time: each sees the others' starts
             server = self.servers[name]
             need = server.get("need") or 0
             decision = admission.admit(name, need, self.residents(), self.view.get("budget"))
             if isinstance(decision, admission.Refuse):
+                self.tally.refused(name)
                 emit(
                     "admission_refused",
                     "warning",
@@ -216,8 +222,17 @@ class Fleet:
             answer = await self.link.start(name, decision.unload)
             if not answer.get("ok"):
                 raise Unavailable(f"server '{name}' cannot start: {answer.get('error')}")
+            if not answer.get("already"):  # the daemon began this start (and these stops) for us
+                self.tally.admitted(name)
+                for victim in decision.unload:
+                    self.tally.unloaded(victim, "admission")
             if answer.get("state") == "stopped":  # the victims stop first; the start follows
                 self._pending[name] = self.clock() + self.start_timeout_s()
+            return answer
+
+    def start_pending(self, name: str) -> bool:
+        """A start was asked for and the daemon stops the admission's victims first."""
+        return name in self._pending
 
     def residents(self) -> list[admission.Resident]:
         """Every server holding memory (not stopped, or about to start), with the gateway's usage facts."""
@@ -250,6 +265,8 @@ class Fleet:
             answer = await self.link.unload(name, "idle")
             if not answer.get("ok"):
                 emit("gateway_unload_failed", "warning", server=name, error=answer.get("error"))
+            elif not answer.get("already"):
+                self.tally.unloaded(name, "idle")
 
 
 def routing_table(servers: dict[str, Any]) -> dict[str, str]:

@@ -2,7 +2,9 @@
 
 Connects to the daemon's control socket (VELOXD_CONTROL_SOCKET), binds host:port, prints the
 READY line the supervisor waits for, serves until SIGTERM/SIGINT or until the daemon's lifeline
-closes. Exit codes: 0 stopped, 2 cannot bind (retrying cannot help), 3 no daemon to talk to.
+closes. Besides /v1 it serves the dashboard and /metrics (veloxd.gateway.dashboard), sampling the
+daemon over the same socket. Exit codes: 0 stopped, 2 cannot bind (retrying cannot help), 3 no
+daemon to talk to.
 """
 
 from __future__ import annotations
@@ -13,12 +15,15 @@ import json
 import os
 import signal
 import sys
+from pathlib import Path
 
 from aiohttp import web
 
+from veloxd.config.model import Dashboard
 from veloxd.gateway.app import build_app
 from veloxd.gateway.fleet import Fleet
 from veloxd.gateway.link import DaemonGone, DaemonLink
+from veloxd.web.monitor import DaemonClient, Monitor
 
 READY_PREFIX = "VELOXD_READY "
 FIRST_VIEW_TIMEOUT_S = 30.0
@@ -45,7 +50,10 @@ async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None)
     except (TimeoutError, DaemonGone) as err:
         print(f"veloxd gateway: error: {err}", file=sys.stderr, flush=True)
         return 3
-    runner = web.AppRunner(build_app(fleet), handler_cancellation=True, access_log=None)
+    sampling = Dashboard()  # the `dashboard:` block's defaults (the block itself is for the sidecar only)
+    monitor = Monitor(DaemonClient(socket=Path(socket_path)), sampling.interval_s, sampling.history)
+    app = build_app(fleet, monitor=monitor, host=host, port=port)
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()
@@ -54,6 +62,7 @@ async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None)
         await runner.cleanup()
         return 2
     poller = asyncio.create_task(fleet.poll_forever())
+    shown = f"[{host}]" if ":" in host else host
     payload = {
         "schema_version": 1,
         "model": "-",
@@ -61,7 +70,11 @@ async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None)
         "host": host,
         "port": port,
         "pid": os.getpid(),
-        "endpoints": {"openai_base_url": f"http://{host}:{port}/v1"},
+        "endpoints": {
+            "openai_base_url": f"http://{shown}:{port}/v1",
+            "dashboard": f"http://{shown}:{port}/",
+            "metrics": f"http://{shown}:{port}/metrics",
+        },
         "servers": sorted(fleet.servers),
     }
     print(READY_PREFIX + json.dumps(payload), flush=True)

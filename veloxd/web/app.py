@@ -19,7 +19,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,28 +39,36 @@ def add_routes(
     app: web.Application,
     monitor: Monitor,
     *,
-    api_key: str | None = None,
+    api_key: str | Callable[[], str | None] | None = None,
     allowed_hosts: Iterable[str] | None = None,
     gateway: GatewayCounters | None = None,
     prefix: str = "",
+    key_setting: str = "dashboard.api_key_env",
+    server_actions: Mapping[str, Callable[[str], Awaitable[dict[str, Any]]]] | None = None,
 ) -> None:
     """Install the dashboard into `app`, and start/stop `monitor` with it.
 
     Args:
-        api_key: the bearer token for actions; None: read-only (actions answer 403).
+        api_key: the bearer token for actions, or a function returning it at each request (a
+            gateway's token changes on reload); None: read-only (actions answer 403).
         allowed_hosts: accepted Host headers (e.g. "127.0.0.1:8090"); None: any (the caller checks).
-        gateway: the gateway's admission/unload counters, for /metrics.
+        gateway: the gateway's admission/unload/request counters, for /metrics.
         prefix: mount point, e.g. "/dashboard" (the page uses relative URLs).
+        key_setting: the veloxd.yaml key that enables actions, named when they are refused.
+        server_actions: more per-server actions, POST /api/servers/{name}/{action} (a gateway's
+            start and unload of on-demand servers), each answering {"ok": ..., ...}.
     """
     hosts = {h.lower() for h in allowed_hosts} if allowed_hosts is not None else None
     registry = registry_for(monitor, gateway)
+    current_key: Callable[[], str | None] = api_key if callable(api_key) else (lambda: api_key)
+    extra = dict(server_actions or {})
 
     def guard(handler: Handler, action: bool = False) -> Handler:
         async def guarded(request: web.Request) -> web.StreamResponse:
             if hosts is not None and request.host.lower() not in hosts:
                 return _error(421, f"unexpected Host header {request.host!r}")
             if action:
-                refused = _refuse_action(request, api_key, hosts)
+                refused = _refuse_action(request, current_key(), hosts, key_setting)
                 if refused is not None:
                     return refused
             return await handler(request)
@@ -78,7 +86,9 @@ def add_routes(
             {
                 **monitor.page_state(),
                 "history": list(monitor.history),
-                "actions": api_key is not None,
+                "actions": current_key() is not None,
+                "actions_setting": key_setting,
+                "server_actions": ["restart", *extra],
                 "interval_s": monitor.interval_s,
                 "history_max": monitor.history.maxlen,
             },
@@ -125,6 +135,14 @@ def add_routes(
     async def restart(request: web.Request) -> web.StreamResponse:
         return await _forward(monitor, {"command": "restart", "name": request.match_info["name"]})
 
+    def server_action(act: Callable[[str], Awaitable[dict[str, Any]]]) -> Handler:
+        async def handle(request: web.Request) -> web.StreamResponse:
+            answer = await act(request.match_info["name"])
+            await monitor.refresh()
+            return web.json_response(answer, status=200 if answer.get("ok") else 409)
+
+        return handle
+
     routes = [
         web.get(prefix + "/", guard(index)),
         web.get(prefix + "/api/state", guard(state)),
@@ -133,6 +151,10 @@ def add_routes(
         web.get(prefix + "/metrics", guard(metrics)),
         web.post(prefix + "/api/reload", guard(reload, action=True)),
         web.post(prefix + "/api/servers/{name}/restart", guard(restart, action=True)),
+        *(
+            web.post(f"{prefix}/api/servers/{{name}}/{a}", guard(server_action(f), action=True))
+            for a, f in extra.items()
+        ),
     ]
     for name in ("app.js", "style.css"):
         routes.append(web.get(f"{prefix}/static/{name}", guard(_static(name))))
@@ -155,9 +177,11 @@ def _static(name: str) -> Handler:
     return serve
 
 
-def _refuse_action(request: web.Request, api_key: str | None, hosts: set[str] | None) -> web.Response | None:
+def _refuse_action(
+    request: web.Request, api_key: str | None, hosts: set[str] | None, key_setting: str
+) -> web.Response | None:
     if api_key is None:
-        return _error(403, "actions are disabled: set dashboard.api_key_env in veloxd.yaml to enable them")
+        return _error(403, f"actions are disabled: set {key_setting} in veloxd.yaml to enable them")
     header = request.headers.get("Authorization", "")
     supplied = header[7:] if header.startswith("Bearer ") else ""
     if not hmac.compare_digest(supplied.encode(), api_key.encode()):

@@ -19,11 +19,17 @@ from veloxd.web.monitor import Monitor
 
 
 class GatewayCounters(Protocol):
-    """The hook for the gateway process: its admission and unload decisions, counted per server."""
+    """The hook for the gateway process (veloxd.gateway.tally): what only the gateway knows, per server."""
 
-    def admissions_total(self) -> Mapping[str, int]: ...
+    def admissions_total(self) -> Mapping[str, int]: ...  # on-demand starts admission let through
+
+    def admission_refusals_total(self) -> Mapping[str, int]: ...  # starts refused: over the memory budget
 
     def unloads_total(self) -> Mapping[tuple[str, str], int]: ...  # (server, reason) -> count
+
+    def requests_total(self) -> Mapping[tuple[str, str], int]: ...  # (server, status) -> answered by the gateway
+
+    def queue_depth(self) -> Mapping[str, int]: ...  # waiting in the gateway for a start or a slot
 
 
 class VeloxdCollector:
@@ -100,7 +106,8 @@ class VeloxdCollector:
         yield kv
         yield _gauge(
             "veloxd_kv_cache_compression_ratio",
-            "Measured KV bytes of the method over fp16's (lower is smaller).",
+            "Measured KV bytes of the method over fp16's, totals at READY's reference length "
+            "(a method's fp16 residual window included; lower is smaller).",
             [([s["name"]], s["kv_ratio"]) for s in servers],
             labels=["server"],
         )
@@ -166,15 +173,34 @@ class VeloxdCollector:
     def _gateway(self, gateway: GatewayCounters) -> Iterator[Metric]:
         yield _counter(
             "veloxd_gateway_admissions",
-            "Starts of on-demand servers the gateway admitted.",
+            "Starts of on-demand servers the gateway admitted within the memory budget.",
             [([name], n) for name, n in sorted(gateway.admissions_total().items())],
             labels=["server"],
         )
         yield _counter(
+            "veloxd_gateway_admission_refusals",
+            "Starts of on-demand servers the gateway refused (they did not fit the memory budget).",
+            [([name], n) for name, n in sorted(gateway.admission_refusals_total().items())],
+            labels=["server"],
+        )
+        yield _counter(
             "veloxd_gateway_unloads",
-            "Servers the gateway unloaded, by reason (idle, memory).",
+            "On-demand servers the gateway stopped, by reason (idle: idle_unload_s; admission: to make room).",
             [([name, reason], n) for (name, reason), n in sorted(gateway.unloads_total().items())],
             labels=["server", "reason"],
+        )
+        yield _counter(
+            "veloxd_gateway_requests",
+            "Completion requests the gateway answered, by server and status (its own 400, 404, 413 and 503 "
+            'included; server="" when the request named no known model).',
+            [([name, status], n) for (name, status), n in sorted(gateway.requests_total().items())],
+            labels=["server", "status"],
+        )
+        yield _gauge(  # every routed server, 0 included: an absent series would read as "no data"
+            "veloxd_gateway_queue_depth",
+            "Requests waiting in the gateway for their server to start or for a concurrency slot.",
+            [([name], n) for name, n in sorted(gateway.queue_depth().items())],
+            labels=["server"],
         )
 
 

@@ -32,13 +32,15 @@ STATS_TIMEOUT_S = 2.0
 
 
 class DaemonClient:
-    """The control socket of one daemon, from async code."""
+    """The control socket of one daemon, from async code: found from its state directory (`veloxd
+    web`), or at a known path (the gateway, which the daemon tells where its socket is)."""
 
-    def __init__(self, state_dir: Path) -> None:
+    def __init__(self, state_dir: Path | None = None, socket: Path | None = None) -> None:
         self.state_dir = state_dir
+        self.socket = socket
 
     async def ask(self, payload: dict[str, Any]) -> dict[str, Any]:
-        path = socket_path_of(self.state_dir)
+        path = self.socket or (socket_path_of(self.state_dir) if self.state_dir is not None else None)
         if path is None:
             raise DaemonUnreachable(f"no veloxd daemon found: {self.state_dir} names no control socket")
         return await asyncio.get_running_loop().run_in_executor(None, request_at, path, payload, 40.0)
@@ -217,6 +219,7 @@ class Monitor:
             "method": snap.get("method"),
             "bits": ready.get("bits", entry.get("bits")),
             "description": entry.get("description") or "",
+            "start": entry.get("start") or "always",  # on_demand: the gateway's page offers start / unload
             "kv_ratio": kv.get("ratio"),
             "kv_bytes_per_token": kv.get("method"),
             "fp16_bytes_per_token": kv.get("fp16"),

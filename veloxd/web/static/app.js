@@ -5,7 +5,7 @@
 
 const MAX_LOG_LINES = 2000;
 const PALETTE = ["#2f6fbf", "#1a7f37", "#bc4c00", "#8250df", "#cf222e", "#0a7e8c", "#9a6700", "#6e7781"];
-const page = { servers: [], history: [], logs: [], actions: false, historyMax: 900 };
+const page = { servers: [], history: [], logs: [], actions: false, serverActions: ["restart"], historyMax: 900 };
 
 const $ = (id) => document.getElementById(id);
 const el = (tag, cls, text) => {
@@ -62,29 +62,38 @@ function modelCell(model) {
   cell.title = text;
   return cell;
 }
-// Rows and their restart buttons persist across updates (a click never lands on a replaced node).
+// Rows and their action buttons persist across updates (a click never lands on a replaced node).
 const rows = new Map();
 function serverRow(name) {
   if (!rows.has(name)) {
     const row = el("tr");
     row.dataset.server = name;
     const actions = el("td", "actions-col");
-    const button = el("button", "restart", "restart");
-    button.addEventListener("click", () => act(`api/servers/${encodeURIComponent(name)}/restart`));
-    actions.append(button);
-    rows.set(name, { row, actions, button });
+    const buttons = {};
+    for (const action of ["restart", "start", "unload"]) { // start/unload: on-demand servers, on a gateway's page
+      const button = el("button", action, action);
+      button.addEventListener("click", () => act(`api/servers/${encodeURIComponent(name)}/${action}`));
+      actions.append(button);
+      buttons[action] = button;
+    }
+    rows.set(name, { row, actions, buttons });
   }
   return rows.get(name);
+}
+function offered(s, action) {
+  if (!page.actions || !page.serverActions.includes(action)) return false;
+  if (action === "restart") return true;
+  return s.start === "on_demand" && s.state === (action === "start" ? "stopped" : "ready");
 }
 function renderServers() {
   const body = document.querySelector("#servers tbody");
   $("no-servers").hidden = page.servers.length > 0;
   const shown = new Set();
   page.servers.forEach((s, index) => {
-    const { row, actions, button } = serverRow(s.name);
+    const { row, actions, buttons } = serverRow(s.name);
     shown.add(s.name);
     row.dataset.state = s.state;
-    button.hidden = !page.actions;
+    for (const [action, button] of Object.entries(buttons)) button.hidden = !offered(s, action);
     const name = el("td", "name");
     name.append(el("strong", null, s.name));
     if (s.description) name.append(el("span", "sub", s.description));
@@ -239,6 +248,8 @@ function applyState(s) {
 async function load() {
   const state = await (await fetch("api/state")).json();
   page.actions = !!state.actions;
+  page.serverActions = state.server_actions || ["restart"];
+  $("actions-setting").textContent = state.actions_setting || "dashboard.api_key_env"; // the gateway's key, if it serves the page
   page.historyMax = state.history_max || 900;
   page.history = state.history || [];
   applyState(state);

@@ -1,0 +1,227 @@
+"""The dashboard and /metrics on the gateway's port, in front of stand-in workers (fast: no model loads).
+
+With a `gateway:` block the gateway serves the page, its JSON/SSE endpoints and /metrics next to
+/v1 (no `veloxd web` sidecar runs); its own counters (admissions, unloads, requests, queue) are
+checked against the events the test causes. The same with the real model: test_web_gateway_model.py.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.daemon_harness import DaemonHarness
+from tests.gateway.support import GATEWAY, fake_entry, gateway_yaml, model_dir, models, post
+from tests.support import free_port, http_json, wait_until
+from tests.web.browser import VIEWPORT, browser  # noqa: F401 - the fixture
+from tests.web.support import Page
+
+TOKEN = "gw-s3cret"
+BEARER = {"Authorization": f"Bearer {TOKEN}"}
+REQUESTS = 4
+TIMEOUT_MS = 60_000
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[tuple[DaemonHarness, Page]]:
+    """alpha always runs; one and two are on demand and do not fit the budget together (1 MB each of 1.5 MB)."""
+    h = DaemonHarness(tmp_path)
+    page = Page(h, free_port(), process=GATEWAY)
+    big = {"weights_bytes": 1_000_000}
+    servers = {
+        "alpha": fake_entry(model_dir(tmp_path, "alpha"), aliases=["fast"]),
+        "one": fake_entry(model_dir(tmp_path, "one", **big), start="on_demand"),
+        "two": fake_entry(model_dir(tmp_path, "two", **big), start="on_demand", idle_unload_s=1),
+    }
+    h.write(gateway_yaml({"port": page.port, "api_key_env": "GW_KEY", "memory_budget": 1_500_000}, servers))
+    try:
+        h.start(env={"GW_KEY": TOKEN})
+        h.wait_states({GATEWAY: "ready", "alpha": "ready", "one": "stopped", "two": "stopped"})
+        yield h, page
+    finally:
+        h.cleanup()
+
+
+def test_gateway_counts_admissions_unloads_and_requests_in_metrics(gateway: tuple[DaemonHarness, Page]) -> None:
+    """N requests to alpha, one for an unknown model, a start of `one`, a start of `two` that unloads
+    `one` to make room, then `two`'s idle unload: each shows in the gateway's series on its own port,
+    next to the workers' counters and the servers' states; no sidecar runs."""
+    h, page = gateway
+    base = page.url.rstrip("/")
+    for _ in range(REQUESTS):
+        assert post(base, "/v1/chat/completions", {"model": "fast", "messages": []}, BEARER)[0] == 200
+    assert post(base, "/v1/chat/completions", {"model": "nope", "messages": []}, BEARER)[0] == 404
+    assert post(base, "/v1/completions", {"model": "one", "prompt": "x"}, BEARER)[0] == 200
+    assert post(base, "/v1/completions", {"model": "two", "prompt": "x"}, BEARER)[0] == 200
+    assert h.wait_event("server_unloaded", server="one")["reason"] == "admission"
+    h.wait_event("server_idle_unloaded", server="two")
+
+    page.wait_value("veloxd_gateway_unloads_total", 1, server="two", reason="idle")
+    page.wait_value("veloxd_server_state", 1, server="two", state="stopped")
+    page.wait_value("veloxd_requests_total", REQUESTS, server="alpha", status="200")  # the worker's own count
+    metrics = page.metrics()
+
+    def value(name: str, **labels: str) -> float | None:
+        return metrics.get((name, frozenset(labels.items())))
+
+    assert value("veloxd_gateway_admissions_total", server="one") == 1
+    assert value("veloxd_gateway_admissions_total", server="two") == 1
+    assert value("veloxd_gateway_admissions_total", server="alpha") is None  # always: never admitted
+    assert value("veloxd_gateway_unloads_total", server="one", reason="admission") == 1
+    assert value("veloxd_gateway_unloads_total", server="one", reason="idle") is None  # no idle_unload_s
+    assert value("veloxd_gateway_requests_total", server="alpha", status="200") == REQUESTS
+    assert value("veloxd_gateway_requests_total", server="", status="404") == 1
+    assert value("veloxd_gateway_requests_total", server="one", status="200") == 1
+    assert value("veloxd_gateway_admission_refusals_total", server="one") is None
+    for name in ("alpha", "one", "two"):
+        assert value("veloxd_gateway_queue_depth", server=name) == 0
+    assert value("veloxd_server_state", server="alpha", state="ready") == 1
+    assert value("veloxd_server_state", server="one", state="stopped") == 1
+    assert value("veloxd_server_state", server=GATEWAY, state="ready") == 1
+    assert value("veloxd_daemon_up") == 1
+    assert h.state()["dashboard"] is None  # the gateway is the one dashboard
+    assert f"dashboard: http://127.0.0.1:{page.port}/ and /metrics (served by @gateway)" in h.cli("status").stdout
+
+
+def test_gateway_guards_the_dashboard_with_its_token(gateway: tuple[DaemonHarness, Page]) -> None:
+    """Reads from this machine are open (the page, /api/state, /metrics); a foreign Host needs the
+    gateway's token; actions need it always, from the page's own origin; /v1 stays guarded."""
+    h, page = gateway
+    status, html = page.request("")
+    assert status == 200 and isinstance(html, str) and 'src="static/app.js"' in html
+    state = page.state()
+    assert state["actions"] is True and state["actions_setting"] == "gateway.api_key_env"
+    assert {s["name"] for s in state["servers"]} == {"alpha", "one", "two", GATEWAY}
+    assert http_json(page.url + "v1/models")[0] == 401
+    assert http_json(page.url + "health")[0] == 200
+
+    rebound = {"Host": f"evil.example:{page.port}"}  # a DNS-rebinding page names its own host
+    assert page.request("metrics", headers=rebound)[0] == 401
+    assert page.request("metrics", headers={**rebound, **BEARER})[0] == 200
+
+    assert page.request("api/reload", method="POST")[0] == 401
+    foreign = {**BEARER, "Origin": "http://evil.example"}
+    assert page.request("api/reload", method="POST", headers=foreign)[0] == 403
+    mark = h.mark()
+    status, answer = page.request("api/servers/alpha/restart", method="POST", headers=BEARER)
+    assert status == 200 and isinstance(answer, dict) and answer["ok"], answer
+    h.wait_event("server_ready", server="alpha", after=mark)
+    page.wait_value("veloxd_server_restarts_total", 1, server="alpha")  # the page's restart is a restart
+
+
+def test_gateway_page_starts_and_unloads_on_demand_servers(gateway: tuple[DaemonHarness, Page]) -> None:
+    """Start and unload, the gateway's own actions: start goes through admission like a first request
+    (counted as one), unload stops an idle on-demand server (counted with reason manual); `always`
+    servers refuse both; both need the token."""
+    h, page = gateway
+    assert page.state()["server_actions"] == ["restart", "start", "unload"]
+    assert page.request("api/servers/one/start", method="POST")[0] == 401
+    status, answer = page.request("api/servers/alpha/start", method="POST", headers=BEARER)
+    assert status == 409 and isinstance(answer, dict) and "start: always" in answer["error"]
+    status, answer = page.request("api/servers/one/start", method="POST", headers=BEARER)
+    assert status == 200 and answer == {"ok": True, "state": "starting", "already": False}, answer
+    h.wait_states({"one": "ready"})
+    status, answer = page.request("api/servers/one/start", method="POST", headers=BEARER)
+    assert status == 200 and isinstance(answer, dict) and answer["already"] is True  # counted once
+    page.wait_value("veloxd_gateway_admissions_total", 1, server="one")
+
+    mark = h.mark()
+    status, answer = page.request("api/servers/one/unload", method="POST", headers=BEARER)
+    assert status == 200 and isinstance(answer, dict) and answer["ok"], answer
+    assert h.wait_event("server_unloaded", server="one", after=mark)["reason"] == "manual"
+    h.wait_states({"one": "stopped"})
+    page.wait_value("veloxd_gateway_unloads_total", 1, server="one", reason="manual")
+    assert page.request("api/servers/alpha/unload", method="POST", headers=BEARER)[0] == 409
+    assert h.server("alpha")["state"] == "ready"
+
+
+def test_gateway_page_in_a_browser_lists_the_servers(browser: Any, gateway: tuple[DaemonHarness, Page]) -> None:  # noqa: F811
+    """The page on the gateway's port, in Chromium: a row per server with its state, on-demand ones
+    stopped; a request for `one` turns its row ready without reloading the page; with the token
+    typed in, `one`'s unload button stops it and its start button starts it again."""
+    h, page = gateway
+    tab = browser.new_page(viewport=VIEWPORT)
+    try:
+        tab.goto(page.url)
+        tab.wait_for_selector("tr[data-server='alpha'][data-state='ready']", timeout=TIMEOUT_MS)
+        tab.evaluate("window.veloxdTestMarker = 'not reloaded'")
+        assert tab.locator("tr[data-server='one']").get_attribute("data-state") == "stopped"
+        assert tab.locator("tr[data-server='two']").get_attribute("data-state") == "stopped"
+        assert post(page.url.rstrip("/"), "/v1/completions", {"model": "one", "prompt": "x"}, BEARER)[0] == 200
+        tab.wait_for_selector("tr[data-server='one'][data-state='ready']", timeout=TIMEOUT_MS)
+
+        tab.click("#actions summary")
+        tab.fill("#token", TOKEN)
+        tab.click("#token-form button[type=submit]")
+        one, two = "tr[data-server='one']", "tr[data-server='two']"
+        assert tab.locator(f"{two} button.unload").is_hidden()  # stopped: only start is offered
+        assert tab.locator(f"{one} button.start").is_hidden()  # ready: only unload
+        assert tab.locator("tr[data-server='alpha'] button.start").is_hidden()  # always: never
+        tab.click(f"{one} button.unload")
+        tab.wait_for_selector(f"{one}[data-state='stopped']", timeout=TIMEOUT_MS)
+        assert h.wait_event("server_unloaded", server="one")["reason"] == "manual"
+        mark = h.mark()
+        tab.click(f"{one} button.start")  # `one`, not `two`: no idle_unload_s to end its ready state early
+        h.wait_event("server_start_requested", server="one", after=mark)
+        tab.wait_for_selector(f"{one}[data-state='ready']", timeout=TIMEOUT_MS)
+        assert tab.inner_text("#action-result") == "done"
+        assert tab.evaluate("window.veloxdTestMarker") == "not reloaded"
+    finally:
+        tab.close()
+
+
+def test_queue_depth_and_a_live_concurrency_change(tmp_path: Path) -> None:
+    """With concurrency 1, a request behind a long stream is queued (veloxd_gateway_queue_depth 1); a
+    reload to concurrency 2 lets the next request through at once, and when everything has finished
+    the queue is 0 and the server is idle, so it unloads (the gateway's counts survive the change)."""
+    h = DaemonHarness(tmp_path)
+    page = Page(h, free_port(), process=GATEWAY)
+    slow = {"FAKE_STREAM_CHUNKS": "400", "FAKE_CHUNK_DELAY_S": "0.05"}  # 20 s: outlasts the steps below
+    lazy = fake_entry(model_dir(tmp_path, "m"), start="on_demand", idle_unload_s=1, concurrency=1, env=slow)
+    h.write(gateway_yaml({"port": page.port}, {"lazy": lazy}))
+    base = page.url.rstrip("/")
+    first_chunk, answers = threading.Event(), {}
+
+    def stream() -> None:
+        body = json.dumps({"model": "lazy", "prompt": "x", "stream": True}).encode()
+        request = urllib.request.Request(
+            base + "/v1/completions", data=body, headers={"Content-Type": "application/json"}
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            response.readline()
+            first_chunk.set()
+            answers["stream"] = (response.status, response.read().endswith(b"data: [DONE]\n\n"))
+
+    def queued() -> None:
+        answers["queued"] = post(base, "/v1/completions", {"model": "lazy", "prompt": "y"})[0]
+
+    try:
+        h.start()
+        h.wait_states({GATEWAY: "ready", "lazy": "stopped"})
+        streaming, waiting = threading.Thread(target=stream), threading.Thread(target=queued)
+        streaming.start()
+        assert first_chunk.wait(120)
+        waiting.start()
+        page.wait_value("veloxd_gateway_queue_depth", 1, server="lazy")
+
+        mark = h.mark()
+        h.write(gateway_yaml({"port": page.port}, {"lazy": {**lazy, "concurrency": 2, "aliases": ["lazier"]}}))
+        h.wait_event("config_reloaded", after=mark)
+        wait_until(lambda: models(base)["lazy"]["aliases"] == ["lazier"], 60, what="the gateway's new view")
+        assert post(base, "/v1/completions", {"model": "lazier", "prompt": "z"})[0] == 200
+        assert streaming.is_alive()  # it went by the stream: the second slot of the new limit
+
+        streaming.join(120)
+        waiting.join(120)
+        assert answers == {"stream": (200, True), "queued": 200}
+        page.wait_value("veloxd_gateway_queue_depth", 0, server="lazy")
+        h.wait_event("server_idle_unloaded", server="lazy", after=mark)
+        assert not h.events("server_starting", server=GATEWAY)[1:]  # live: the gateway was not restarted
+    finally:
+        h.cleanup()
