@@ -75,6 +75,19 @@ class Page:
     def value(self, name: str, **labels: str) -> float | None:
         return self.metrics().get((name, frozenset(labels.items())))
 
+    def wait_metrics(
+        self, *want: tuple[str, dict[str, str], float], timeout: float = 60
+    ) -> dict[tuple[str, frozenset[tuple[str, str]]], float]:
+        """The first scrape in which every (name, labels, value) holds at once. Workers' counters are
+        sampled periodically, so values waited for one by one may come from different samples: a
+        test asserts on the one scrape that shows all the events it caused."""
+
+        def scrape() -> dict[tuple[str, frozenset[tuple[str, str]]], float] | None:
+            metrics = self.metrics()
+            return metrics if all(metrics.get((n, frozenset(labels.items()))) == v for n, labels, v in want) else None
+
+        return wait_until(scrape, timeout, interval=0.2, what=f"one scrape with {want}")
+
     def wait_value(self, name: str, expected: float, timeout: float = 60, **labels: str) -> None:
         wait_until(
             lambda: self.value(name, **labels) == expected,

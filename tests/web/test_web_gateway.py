@@ -62,10 +62,12 @@ def test_gateway_counts_admissions_unloads_and_requests_in_metrics(gateway: tupl
     assert h.wait_event("server_unloaded", server="one")["reason"] == "admission"
     h.wait_event("server_idle_unloaded", server="two")
 
-    page.wait_value("veloxd_gateway_unloads_total", 1, server="two", reason="idle")
-    page.wait_value("veloxd_server_state", 1, server="two", state="stopped")
-    page.wait_value("veloxd_requests_total", REQUESTS, server="alpha", status="200")  # the worker's own count
-    metrics = page.metrics()
+    metrics = page.wait_metrics(
+        ("veloxd_gateway_unloads_total", {"server": "two", "reason": "idle"}, 1),
+        ("veloxd_server_state", {"server": "two", "state": "stopped"}, 1),
+        ("veloxd_requests_total", {"server": "alpha", "status": "200"}, REQUESTS),  # the worker's own count
+        ("veloxd_gateway_requests_total", {"server": "", "status": "404"}, 1),
+    )
 
     def value(name: str, **labels: str) -> float | None:
         return metrics.get((name, frozenset(labels.items())))

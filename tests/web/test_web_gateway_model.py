@@ -17,7 +17,7 @@ from tests.fixtures.daemon_harness import DaemonHarness
 from tests.gateway.support import GATEWAY, LOAD_S, gateway_yaml, post, real_entry
 from tests.support import REPO, free_port, wait_until
 from tests.web.browser import VIEWPORT, browser  # noqa: F401 - the fixture
-from tests.web.support import Page, generating, samples
+from tests.web.support import Page, generating
 
 REQUESTS = 3
 
@@ -48,12 +48,14 @@ def test_gateway_metrics_with_real_workers(tmp_path: Path) -> None:
         assert status == 200, answer  # started on demand by this request
         h.wait_event("server_idle_unloaded", server="lazy", timeout=LOAD_S)
 
-        page.wait_value("veloxd_gateway_unloads_total", 1, server="lazy", reason="idle")
-        page.wait_value("veloxd_server_state", 1, server="lazy", state="stopped")
-        page.wait_value("veloxd_requests_total", REQUESTS, server="coder", status="200")
-        text = page.metrics_text()
-        (tmp_path / "metrics.txt").write_text(text)  # the scrape, kept in the test's output
-        metrics = samples(text)
+        metrics = page.wait_metrics(
+            ("veloxd_gateway_unloads_total", {"server": "lazy", "reason": "idle"}, 1),
+            ("veloxd_server_state", {"server": "lazy", "state": "stopped"}, 1),
+            ("veloxd_requests_total", {"server": "coder", "status": "200"}, REQUESTS),
+            ("veloxd_generated_tokens_total", {"server": "coder"}, generated),
+            ("veloxd_request_duration_seconds_count", {"server": "coder"}, REQUESTS),
+        )
+        (tmp_path / "metrics.txt").write_text(page.metrics_text())  # a scrape, kept in the test's output
 
         def value(name: str, **labels: str) -> float | None:
             return metrics.get((name, frozenset(labels.items())))

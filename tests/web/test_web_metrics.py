@@ -45,8 +45,11 @@ def test_metrics_count_requests_and_restarts(tmp_path: Path) -> None:
         for _ in range(2):
             assert http_json(base, {"model": "another/model", "messages": []})[0] == 404
 
-        page.wait_value("veloxd_requests_total", REQUESTS, server="alpha", status="200")
-        metrics = page.metrics()
+        metrics = page.wait_metrics(
+            ("veloxd_requests_total", {"server": "alpha", "status": "200"}, REQUESTS),
+            ("veloxd_requests_total", {"server": "alpha", "status": "404"}, 2),
+            ("veloxd_request_duration_seconds_count", {"server": "alpha"}, REQUESTS + 2),
+        )
 
         def value(name: str, **labels: str) -> float | None:
             return metrics.get((name, frozenset(labels.items())))
@@ -136,8 +139,11 @@ def test_metrics_of_a_real_worker(tmp_path: Path) -> None:
                 json.loads(line[6:]) for line in response.read().decode().splitlines() if line.startswith("data: {")
             ]
         generated += next(e["usage"]["completion_tokens"] for e in events if e.get("usage"))
-        page.wait_value("veloxd_requests_total", 4, server="tiny", status="200", timeout=60)
-        metrics = page.metrics()
+        metrics = page.wait_metrics(
+            ("veloxd_requests_total", {"server": "tiny", "status": "200"}, 4),
+            ("veloxd_generated_tokens_total", {"server": "tiny"}, generated),
+            ("veloxd_time_to_first_token_seconds_count", {"server": "tiny"}, 4),
+        )
         assert metrics[("veloxd_generated_tokens_total", frozenset({("server", "tiny")}))] == generated
         assert metrics[("veloxd_time_to_first_token_seconds_count", frozenset({("server", "tiny")}))] == 4
         assert 0 < metrics[("veloxd_kv_cache_compression_ratio", frozenset({("server", "tiny")}))] < 1
