@@ -362,9 +362,7 @@ class ServerEntry:
             elif "section" in f.metadata:
                 out[f.name] = None if value is None else _section_to_dict(value)
             else:
-                out[f.name] = (
-                    dict(value) if isinstance(value, Mapping) else list(value) if isinstance(value, tuple) else value
-                )
+                out[f.name] = _plain(value)
         return out
 
     @classmethod
@@ -375,17 +373,10 @@ class ServerEntry:
             if "kv" in f.metadata:
                 kwargs["kv"] = _kv_from_dict(data)
             elif f.name in data and "section" in f.metadata:
-                section_cls = f.metadata["section"]
                 given = data[f.name]
                 if given is None and f.metadata.get("optional"):
                     continue
-                kwargs[f.name] = section_cls(
-                    **{
-                        sf.name: _coerce(sf, (given or {})[sf.name])
-                        for sf in yaml_fields(section_cls)
-                        if sf.name in (given or {})
-                    }
-                )
+                kwargs[f.name] = _section_from_dict(f.metadata["section"], given or {})
             elif f.name in data:
                 kwargs[f.name] = _coerce(f, data[f.name])
         return cls(**kwargs)
@@ -491,9 +482,7 @@ def config_from_dict(data: Mapping[str, Any]) -> Config:
 
 def dashboard_from_dict(data: Mapping[str, Any] | None) -> Dashboard | None:
     """The `dashboard:` block from schema-valid data; None when absent."""
-    if data is None:
-        return None
-    return Dashboard(**{f.name: _coerce(f, data[f.name]) for f in yaml_fields(Dashboard) if f.name in data})
+    return None if data is None else _section_from_dict(Dashboard, data)
 
 
 def _kv_to_dict(kv: KVCacheConfig) -> dict[str, Any]:
@@ -513,6 +502,11 @@ def _kv_from_dict(data: Mapping[str, Any]) -> KVCacheConfig:
         if isinstance(value, float) and value.is_integer():
             values[name] = int(value)  # JSON Schema's "integer" admits 32.0
     return KVCacheConfig.from_dict(values)
+
+
+def _section_from_dict(cls: type, data: Mapping[str, Any]) -> Any:
+    """A section from schema-valid data: the keys given, coerced; the others keep their defaults."""
+    return cls(**{f.name: _coerce(f, data[f.name]) for f in yaml_fields(cls) if f.name in data})
 
 
 def _coerce(f: dataclasses.Field, value: Any) -> Any:
@@ -553,12 +547,13 @@ def _flat_keys(entry: ServerEntry, *, live: bool) -> dict[str, Any]:
 
 
 def _section_to_dict(value: Any) -> dict[str, Any]:
-    """A section as YAML-shaped data: tuples as lists, mappings as dicts."""
-    out = {}
-    for f in dataclasses.fields(value):
-        item = getattr(value, f.name)
-        out[f.name] = list(item) if isinstance(item, tuple) else dict(item) if isinstance(item, Mapping) else item
-    return out
+    """A section as YAML-shaped data, key by key."""
+    return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+
+
+def _plain(value: Any) -> Any:
+    """A key's value as YAML-shaped data: tuples as lists, mappings as dicts."""
+    return list(value) if isinstance(value, tuple) else dict(value) if isinstance(value, Mapping) else value
 
 
 def _flag_text(value: Any) -> str:
