@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import plistlib
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -13,11 +12,6 @@ from tests.fixtures.launchd_harness import LABEL, TARGET, UID, LaunchdHarness
 
 DOMAIN = f"gui/{UID}"
 EIO = "Bootstrap failed: 5: Input/output error\nTry re-running the command as root for richer errors."
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> LaunchdHarness:
-    return LaunchdHarness(tmp_path)
 
 
 def test_fresh_install_bootstraps_and_reinstall_unchanged_kickstarts(h: LaunchdHarness) -> None:
