@@ -56,23 +56,18 @@ def cpu_seconds(pid: int) -> float:
     return seconds + (int(days) * 86400 if days else 0)
 
 
+def start_daemon(config: Path, log: Path, state: Path) -> subprocess.Popen:
+    """`veloxd run` on `config`, its JSON log and state in the given places; the benchmark reads those, not stdout."""
+    argv = [sys.executable, "-m", "veloxd", "run", "--config", str(config), "--log-file", str(log)]
+    argv += ["--state-dir", str(state)]
+    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
 class Daemon:
     def __init__(self, root: Path, config: Path) -> None:
         self.log = root / "veloxd.jsonl"
         self.state = root / "state"
-        argv = [
-            sys.executable,
-            "-m",
-            "veloxd",
-            "run",
-            "--config",
-            str(config),
-            "--log-file",
-            str(self.log),
-            "--state-dir",
-            str(self.state),
-        ]
-        self.proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = start_daemon(config, self.log, self.state)
 
     def records(self) -> list[dict[str, Any]]:
         text = self.log.read_text() if self.log.exists() else ""

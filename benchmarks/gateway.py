@@ -23,24 +23,16 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
+from benchmarks.daemon import REPO, cpu_seconds, free_port, start_daemon
+
 MODEL = REPO / "veloxd" / "assets" / "tiny-llama"
 LOAD_S = 300
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def post(port: int, body: dict[str, Any], first_token: bool = False) -> tuple[float, int]:
@@ -63,19 +55,6 @@ def post(port: int, body: dict[str, Any], first_token: bool = False) -> tuple[fl
         raise RuntimeError("the stream ended without text")
     finally:
         conn.close()
-
-
-def cpu_seconds(pid: int) -> float:
-    """utime + stime of `pid` (Linux /proc; `ps -o time=` elsewhere)."""
-    stat = Path(f"/proc/{pid}/stat")
-    if stat.exists():
-        fields = stat.read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    out = subprocess.run(["ps", "-o", "time=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
-    seconds = 0.0
-    for part in out.rpartition("-")[2].split(":"):
-        seconds = seconds * 60 + float(part)
-    return seconds
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -114,19 +93,7 @@ class Daemon:
         lines = ["version: 1", f"gateway: {json.dumps({'port': gateway_port})}", "servers:"]
         lines += [f"  {name}: {json.dumps(body)}" for name, body in servers.items()]
         self.config.write_text("\n".join(lines) + "\n")
-        argv = [
-            sys.executable,
-            "-m",
-            "veloxd",
-            "run",
-            "--config",
-            str(self.config),
-            "--log-file",
-            str(self.log),
-            "--state-dir",
-            str(root / "state"),
-        ]
-        self.proc = subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = start_daemon(self.config, self.log, root / "state")
 
     def events(self, event: str, **match: Any) -> list[dict[str, Any]]:
         if not self.log.exists():

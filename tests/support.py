@@ -57,15 +57,19 @@ def run_veloxd(*args: str, env: dict[str, str] | None = None, timeout: float = 6
 class Worker:
     """A real `veloxd serve` process; collects stdout/stderr lines, exposes the READY payload."""
 
+    ready_prefix = READY_PREFIX
+
     def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        full_env = {**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})}
+        self._start(veloxd_cmd("serve", *args), env)
+
+    def _start(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(
-            veloxd_cmd("serve", *args),
+            argv,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             cwd=REPO,
-            env=full_env,
+            env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
             start_new_session=True,
         )
         self.stdout: list[str] = []
@@ -86,13 +90,13 @@ class Worker:
     def ready(self, timeout: float = 120) -> dict[str, Any]:
         def payload() -> dict[str, Any] | None:
             for line in self.stdout:
-                if line.startswith(READY_PREFIX):
-                    return json.loads(line[len(READY_PREFIX) :])
+                if line.startswith(self.ready_prefix):
+                    return json.loads(line[len(self.ready_prefix) :])
             if self.proc.poll() is not None:
-                raise AssertionError(f"worker exited {self.proc.returncode}: {self.stderr[-20:]}")
+                raise AssertionError(f"{type(self).__name__} exited {self.proc.returncode}: {self.stderr[-30:]}")
             return None
 
-        return wait_until(payload, timeout, what="VELOXD_READY")
+        return wait_until(payload, timeout, what=self.ready_prefix.strip())
 
     def stop(self, timeout: float = 120) -> int:
         if self.proc.poll() is None:

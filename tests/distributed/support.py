@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
-from tests.support import READY_PREFIX, REPO, free_port, wait_until
+from tests.support import READY_PREFIX, REPO, Worker, free_port, veloxd_cmd, wait_until
 
 LOAD_S = 240  # two or more model loads on two busy CPU cores
 ASSET_MODEL = REPO / "veloxd" / "assets" / "tiny-llama"  # 4 query / 2 KV heads: splits over 2 ranks
@@ -37,8 +34,10 @@ def _free(port: int) -> bool:
     return True
 
 
-class Group:
+class Group(Worker):
     """`python -m veloxd.distributed.launcher` running 2 local ranks of `veloxd serve --distributed`."""
+
+    ready_prefix = "[rank 0] " + READY_PREFIX  # the launcher tags every line with its rank
 
     def __init__(self, *serve_args: str, parallelism: str = "tensor", hosts: list[str] | None = None) -> None:
         argv = [
@@ -54,64 +53,16 @@ class Group:
             "--env",
             "PYTHONUNBUFFERED=1",
             "--",
-            sys.executable,
-            "-m",
-            "veloxd",
-            "serve",
-            *serve_args,
+            *veloxd_cmd("serve", *serve_args),
             "--distributed",
             parallelism,
             "--lifeline-fd",
             "0",
         ]
-        self.proc = subprocess.Popen(
-            argv,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            cwd=REPO,
-            env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            start_new_session=True,
-        )
-        self.stdout: list[str] = []
-        self.stderr: list[str] = []
-        self._drains = [
-            threading.Thread(target=self._drain, args=(stream, sink), daemon=True)
-            for stream, sink in ((self.proc.stdout, self.stdout), (self.proc.stderr, self.stderr))
-        ]
-        for drain in self._drains:
-            drain.start()
-
-    @staticmethod
-    def _drain(stream: Any, sink: list[str]) -> None:
-        with stream:  # closed at EOF: the group process and every rank are gone
-            for line in stream:
-                sink.append(line.rstrip("\n"))
+        self._start(argv)
 
     def ready(self, timeout: float = LOAD_S) -> dict[str, Any]:
-        import json
-
-        def payload() -> dict[str, Any] | None:
-            for line in self.stdout:
-                if line.startswith("[rank 0] " + READY_PREFIX):
-                    return json.loads(line[len("[rank 0] " + READY_PREFIX) :])
-            if self.proc.poll() is not None:
-                raise AssertionError(f"group exited {self.proc.returncode}: {self.stderr[-30:]}")
-            return None
-
-        return wait_until(payload, timeout, what="the group's READY line")
-
-    def stop(self, timeout: float = 60) -> int:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, 9)
-            code = self.proc.wait(10)
-        for drain in self._drains:
-            drain.join(timeout)
-        return code
+        return super().ready(timeout)
 
 
 def children(pid: int) -> list[int]:

@@ -7,7 +7,10 @@ from __future__ import annotations
 import os
 import re
 import signal
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from tests.download.conftest import GATED, MODEL, TINY
 from tests.fixtures.daemon_harness import DaemonHarness, entry
@@ -20,15 +23,27 @@ WEIGHTS = (TINY / "model.safetensors").stat().st_size
 DEADLINE = 120
 
 
+@contextmanager
+def tiny_daemon(hub: HubStandIn, hub_env: dict[str, str], tmp_path: Path, **settings: Any) -> Iterator[DaemonHarness]:
+    """A daemon with one entry, `tiny`, fetched from the stand-in; at the end the hub lets go of
+    whatever it holds back, so that the daemon can stop."""
+    h = DaemonHarness(tmp_path)
+    h.write({"tiny": entry(free_port(), model=MODEL, **settings)})
+    try:
+        h.start(env=hub_env)
+        yield h
+    finally:
+        hub.release()
+        h.stop()
+        h.cleanup()
+
+
 def test_download_reports_progress_then_starts_outside_the_ready_timeout(
     hub: HubStandIn, hub_env: dict[str, str], tmp_path: Path
 ) -> None:
     hub.rate_bps = 2_000_000  # the weights take at least 4 s, four times ready_timeout_s
     hub.hold(3_000_000)  # ...and wait half-way until `veloxd status` has been looked at
-    h = DaemonHarness(tmp_path)
-    h.write({"tiny": entry(free_port(), model=MODEL, ready_timeout_s=1)})
-    try:
-        h.start(env=hub_env)
+    with tiny_daemon(hub, hub_env, tmp_path, ready_timeout_s=1) as h:
         h.wait_event("server_downloading", timeout=DEADLINE, server="tiny", state="downloading")
         wait_until(
             lambda: ((h.server("tiny").get("download") or {}).get("done_bytes") or 0) >= 2_000_000,
@@ -40,10 +55,6 @@ def test_download_reports_progress_then_starts_outside_the_ready_timeout(
         assert f"tiny: downloading {MODEL}: " in shown.stdout and " MB of 8.3 MB" in shown.stdout
         hub.release()
         h.wait_states({"tiny": "ready"}, timeout=DEADLINE)
-    finally:
-        hub.release()
-        h.stop()
-        h.cleanup()
     names = [r["event"] for r in h.records() if r.get("server") == "tiny"]
     assert names.index("server_downloaded") < names.index("server_starting") < names.index("server_ready")
     assert "server_ready_timeout" not in names and "server_backoff" not in names
@@ -59,10 +70,7 @@ def test_download_reports_progress_then_starts_outside_the_ready_timeout(
 
 def test_a_killed_download_continues_where_it_stopped(hub: HubStandIn, hub_env: dict[str, str], tmp_path: Path) -> None:
     hub.hold(3_000_000)
-    h = DaemonHarness(tmp_path)
-    h.write({"tiny": entry(free_port(), model=MODEL)})
-    try:
-        h.start(env=hub_env)
+    with tiny_daemon(hub, hub_env, tmp_path) as h:
         wait_until(lambda: hub.served_bytes(MODEL, "model.safetensors") >= 3_000_000, DEADLINE, what="3 MB served")
         partial = wait_until(
             lambda: next(
@@ -80,10 +88,6 @@ def test_a_killed_download_continues_where_it_stopped(hub: HubStandIn, hub_env: 
         first = hub.served_bytes(MODEL, "model.safetensors")  # the killed step received at least this much
         hub.release()
         h.wait_states({"tiny": "ready"}, timeout=DEADLINE)
-    finally:
-        hub.release()
-        h.stop()
-        h.cleanup()
     # Two transfers of the weights: from byte 0 (killed half-way), then from the kept part on.
     first_try, second_try = hub.transfers_of(MODEL, "model.safetensors")
     assert first_try.start == 0 and first_try.sent >= first >= kept

@@ -5,21 +5,27 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import threading
 import urllib.request
 
 import pytest
 
-from tests.support import Worker, free_port, http_json, wait_until
+from tests.support import Worker, free_port, http_json, veloxd_cmd, wait_until
 
 pytestmark = pytest.mark.slow
 
 PROMPT = "def fibonacci(n): return"
 
 
+def fp16_flags(model) -> list[str]:
+    """`veloxd serve` flags of the plain worker most tests use: the model in fp16 on a free port."""
+    return ["--model", str(model), "--method", "fp16", "--port", str(free_port())]
+
+
 @pytest.fixture(scope="module")
 def fp16_worker(tiny_model):
-    worker = Worker("--model", str(tiny_model), "--method", "fp16", "--port", str(free_port()), "--max-tokens", "12")
+    worker = Worker(*fp16_flags(tiny_model), "--max-tokens", "12")
     worker.ready()
     yield worker
     assert worker.stop() == 0
@@ -96,7 +102,7 @@ def test_a_request_for_another_model_is_refused_not_loaded(fp16_worker):
 
 
 def test_sigterm_stops_cleanly(tiny_model):
-    worker = Worker("--model", str(tiny_model), "--method", "fp16", "--port", str(free_port()))
+    worker = Worker(*fp16_flags(tiny_model))
     worker.ready()
     worker.proc.send_signal(signal.SIGTERM)
     assert worker.proc.wait(120) == 0
@@ -106,24 +112,8 @@ def test_sigterm_stops_cleanly(tiny_model):
 def test_lifeline_eof_makes_the_worker_exit(tiny_model):
     """The daemon's pipe closing (the daemon died) ends the worker, with exit code 0."""
     read_fd, write_fd = os.pipe()
-    import subprocess
-    import sys
-
     proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "veloxd",
-            "serve",
-            "--model",
-            str(tiny_model),
-            "--method",
-            "fp16",
-            "--port",
-            str(free_port()),
-            "--lifeline-fd",
-            str(read_fd),
-        ],
+        veloxd_cmd("serve", *fp16_flags(tiny_model), "--lifeline-fd", str(read_fd)),
         pass_fds=(read_fd,),
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,
@@ -138,17 +128,7 @@ def test_lifeline_eof_makes_the_worker_exit(tiny_model):
 
 def test_bearer_auth_guards_everything_but_health(tiny_model):
     env = {"VELOXD_TEST_KEY": "s3cret-token"}
-    worker = Worker(
-        "--model",
-        str(tiny_model),
-        "--method",
-        "fp16",
-        "--port",
-        str(free_port()),
-        "--api-key-env",
-        "VELOXD_TEST_KEY",
-        env=env,
-    )
+    worker = Worker(*fp16_flags(tiny_model), "--api-key-env", "VELOXD_TEST_KEY", env=env)
     try:
         endpoints = worker.ready()["endpoints"]
         assert worker.ready()["auth"] is True

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import plistlib
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,19 +14,15 @@ DOMAIN = f"gui/{UID}"
 EIO = "Bootstrap failed: 5: Input/output error\nTry re-running the command as root for richer errors."
 
 
-@pytest.fixture
-def h(tmp_path: Path) -> LaunchdHarness:
-    return LaunchdHarness(tmp_path)
+def fresh_bootstrap(h: LaunchdHarness) -> list[str]:
+    """The calls that load an agent launchd does not hold: look it up, enable it, bootstrap the plist."""
+    return [f"launchctl print {TARGET}", f"launchctl enable {TARGET}", f"launchctl bootstrap {DOMAIN} {h.plist}"]
 
 
 def test_fresh_install_bootstraps_and_reinstall_unchanged_kickstarts(h: LaunchdHarness) -> None:
     done = h.install()
     assert done.returncode == 0, done.stderr
-    assert h.calls() == [
-        f"launchctl print {TARGET}",
-        f"launchctl enable {TARGET}",
-        f"launchctl bootstrap {DOMAIN} {h.plist}",
-    ]
+    assert h.calls() == fresh_bootstrap(h)
     assert done.stdout == f"installed {LABEL}: wrote {h.plist}, bootstrapped {LABEL}.plist into {DOMAIN}\n"
     assert h.loaded_plist()["Label"] == LABEL
     assert h.is_marked("loaded", LABEL)
@@ -71,11 +66,7 @@ def test_plist_on_disk_but_not_loaded_is_bootstrapped_without_bootout(h: Launchd
     (h.state / "loaded" / LABEL).unlink()  # e.g. after a logout/login with the agent toggled off
     done = h.install()
     assert done.returncode == 0, done.stderr
-    assert h.calls() == [
-        f"launchctl print {TARGET}",
-        f"launchctl enable {TARGET}",
-        f"launchctl bootstrap {DOMAIN} {h.plist}",
-    ]
+    assert h.calls() == fresh_bootstrap(h)
     assert done.stdout == f"installed {LABEL}: bootstrapped {LABEL}.plist into {DOMAIN}\n"
 
 

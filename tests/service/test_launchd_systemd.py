@@ -8,16 +8,9 @@ import shlex
 import sys
 from pathlib import Path
 
-import pytest
-
 from tests.fixtures.launchd_harness import LaunchdHarness
 
 UNIT = "veloxd.service"
-
-
-@pytest.fixture
-def h(tmp_path: Path) -> LaunchdHarness:
-    return LaunchdHarness(tmp_path)
 
 
 def unit_file(h: LaunchdHarness) -> Path:

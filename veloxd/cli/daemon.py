@@ -16,7 +16,8 @@ from veloxd import paths
 from veloxd.service.spec import DEFAULT_LABEL
 
 
-def _state_dir_arg(p: argparse.ArgumentParser) -> None:
+def state_dir_arg(p: argparse.ArgumentParser) -> None:
+    """--state-dir, the same for every command that talks to (or reads) a running daemon."""
     p.add_argument("--state-dir", type=Path, help=f"the daemon's state directory (default {paths.default_state_dir()})")
 
 
@@ -44,7 +45,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         default="info",
         help="lowest level logged, to the file and stdout (default info; debug adds each worker's argv)",
     )
-    _state_dir_arg(p)
+    state_dir_arg(p)
     p.add_argument(
         "--worker-command",
         metavar="CMD",
@@ -62,16 +63,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="print the state file as JSON")
     p.add_argument("--label", default=DEFAULT_LABEL, help=f"launchd label to report on (default {DEFAULT_LABEL})")
-    _state_dir_arg(p)
+    state_dir_arg(p)
     p.set_defaults(func=status)
 
     p = sub.add_parser("reload", help="make the running daemon re-read its config now (as SIGHUP does)")
-    _state_dir_arg(p)
+    state_dir_arg(p)
     p.set_defaults(func=reload)
 
     p = sub.add_parser("restart", help="stop and start one server (also leaves FATAL)")
     p.add_argument("name", help="server name (a key under `servers:`)")
-    _state_dir_arg(p)
+    state_dir_arg(p)
     p.set_defaults(func=restart)
 
     p = sub.add_parser("logs", help="print the daemon's JSON log, optionally one server's lines")
@@ -84,7 +85,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="store_true",
         help="render each event as `veloxd run` does on a terminal (colors unless NO_COLOR is set)",
     )
-    _state_dir_arg(p)
+    state_dir_arg(p)
     p.set_defaults(func=logs)
 
 

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from veloxd import paths
+from veloxd.cli.daemon import state_dir_arg
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -15,7 +15,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Serve the dashboard, its JSON API and Prometheus /metrics for the daemon of --state-dir. "
         "The daemon starts this for the `dashboard:` block of veloxd.yaml; run by hand only to debug it.",
     )
-    p.add_argument("--state-dir", type=Path, help=f"the daemon's state directory (default {paths.default_state_dir()})")
+    state_dir_arg(p)  # the daemon's own flag: the dashboard reads the state of the daemon it names
     p.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8090, help="port to bind (default 8090)")
     p.add_argument("--interval-s", type=float, default=1.0, help="seconds between samples (default 1)")

@@ -14,16 +14,22 @@ import sys
 from dataclasses import dataclass, field
 from typing import Any
 
-from veloxd.checks import SIZE_HELP, SIZE_PATTERN, parse_size
-from veloxd.config.model import ENV_NAME_PATTERN, HOST_PATTERN, RestartPolicy, key, yaml_fields
+from veloxd.checks import SIZE_HELP, parse_size
+from veloxd.config.model import (
+    API_KEY_ENV_SCHEMA,
+    HOST_SCHEMA,
+    PORT_SCHEMA,
+    SIZE_OR_NULL_SCHEMA,
+    SIZE_SCHEMA,
+    RestartPolicy,
+    key,
+    size_or_none,
+    yaml_fields,
+)
 
 GATEWAY_NAME = "@gateway"  # its name among supervised processes: never a valid entry name
 # Ports of entries that leave `port` out come from this range: a hash of the name, probed upward.
 ASSIGNED_PORTS = (38100, 38999)
-
-
-def _size_or_none(value: Any) -> int | None:
-    return None if value is None else parse_size(value)
 
 
 @dataclass(frozen=True)
@@ -32,20 +38,20 @@ class Gateway:
 
     port: int = key(
         help="TCP port of the gateway's OpenAI-compatible API (the one base URL clients use).",
-        schema={"type": "integer", "minimum": 1, "maximum": 65535},
+        schema=PORT_SCHEMA,
     )
     host: str = key(
         "127.0.0.1",
         help="Address the gateway binds. Loopback by default; any other address needs "
         "api_key_env, or allow_unauthenticated: true.",
-        schema={"type": "string", "pattern": HOST_PATTERN, "maxLength": 253},
+        schema=HOST_SCHEMA,
     )
     api_key_env: str | None = key(
         None,
         help="Name of an environment variable of the daemon holding the bearer "
         "token clients must send to the gateway; unset: no authentication. Applies "
         "without a restart.",
-        schema={"type": ["string", "null"], "pattern": ENV_NAME_PATTERN},
+        schema=API_KEY_ENV_SCHEMA,
         live=True,
     )
     allow_unauthenticated: bool = key(
@@ -59,14 +65,14 @@ class Gateway:
         help=f"Memory the running servers may use together: {SIZE_HELP}. "
         "Unset: 75% of physical memory, or MLX's recommended working set on Apple "
         "silicon when that is smaller. On-demand servers are admitted within it.",
-        schema={"type": ["integer", "string", "null"], "minimum": 1, "pattern": SIZE_PATTERN},
+        schema=SIZE_OR_NULL_SCHEMA,
         live=True,
-        convert=_size_or_none,
+        convert=size_or_none,
     )
     max_body_bytes: int = key(
         16_000_000,
         help=f"Largest request body the gateway accepts: {SIZE_HELP}; larger requests get 413.",
-        schema={"type": ["integer", "string"], "minimum": 1, "pattern": SIZE_PATTERN},
+        schema=SIZE_SCHEMA,
         live=True,
         convert=parse_size,
     )

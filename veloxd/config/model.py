@@ -22,6 +22,24 @@ VERSION = 1
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 
+# Schemas of keys that mean the same wherever they stand (servers, dashboard, gateway), defined
+# once so that the blocks accept the same values.
+HOST_SCHEMA = {"type": "string", "pattern": HOST_PATTERN, "maxLength": 253}
+PORT_SCHEMA = {"type": "integer", "minimum": 1, "maximum": 65535}
+API_KEY_ENV_SCHEMA = {"type": ["string", "null"], "pattern": ENV_NAME_PATTERN}
+ENV_SCHEMA = {
+    "type": "object",
+    "propertyNames": {"pattern": ENV_NAME_PATTERN},
+    "additionalProperties": {"type": "string"},
+}
+SIZE_SCHEMA = {"type": ["integer", "string"], "minimum": 1, "pattern": SIZE_PATTERN}
+SIZE_OR_NULL_SCHEMA = {"type": ["integer", "string", "null"], "minimum": 1, "pattern": SIZE_PATTERN}
+
+
+def size_or_none(value: int | str | None) -> int | None:
+    """The `convert` of a size key that may be unset."""
+    return None if value is None else parse_size(value)
+
 
 def key(
     default: Any = MISSING,
@@ -72,8 +90,8 @@ class PromptCache:
     bytes: int | None = key(
         None,
         help=f"Cap on the memory of the kept caches: {SIZE_HELP}; unset: no cap.",
-        schema={"type": ["integer", "string", "null"], "minimum": 1, "pattern": SIZE_PATTERN},
-        convert=lambda value: None if value is None else parse_size(value),
+        schema=SIZE_OR_NULL_SCHEMA,
+        convert=size_or_none,
     )
 
 
@@ -100,7 +118,7 @@ class Limits:
     max_body_bytes: int = key(
         32 * 2**20,
         help=f"Largest request body accepted ({SIZE_HELP}); a larger Content-Length gets 413 before anything is read.",
-        schema={"type": ["integer", "string"], "minimum": 1, "pattern": SIZE_PATTERN},
+        schema=SIZE_SCHEMA,
         convert=parse_size,
     )
 
@@ -143,7 +161,7 @@ class Distributed:
             "type": ["array", "null"],
             "minItems": 2,
             "maxItems": 64,
-            "items": {"type": "string", "pattern": HOST_PATTERN, "maxLength": 253},
+            "items": HOST_SCHEMA,
         },
         convert=lambda value: None if value is None else tuple(value),
     )
@@ -187,11 +205,7 @@ class Distributed:
         factory=dict,
         help="Environment variables exported on every rank, remote "
         "ones included (the entry's env reaches only local ranks).",
-        schema={
-            "type": "object",
-            "propertyNames": {"pattern": ENV_NAME_PATTERN},
-            "additionalProperties": {"type": "string"},
-        },
+        schema=ENV_SCHEMA,
     )
 
     @property
@@ -220,7 +234,7 @@ class ServerEntry:
         "127.0.0.1",
         help="Address to bind. Loopback by default; any other address exposes the "
         "server and needs api_key_env, or allow_unauthenticated: true.",
-        schema={"type": "string", "pattern": HOST_PATTERN, "maxLength": 253},
+        schema=HOST_SCHEMA,
     )
     kv: KVCacheConfig = field(metadata={"kv": True})  # YAML keys: method, bits, seed, overrides
     sampling: Sampling = section(Sampling, help="Sampling defaults for requests that do not set their own.")
@@ -234,11 +248,7 @@ class ServerEntry:
     env: Mapping[str, str] = key(
         factory=dict,
         help="Extra environment variables for this server's process (string values: quote numbers).",
-        schema={
-            "type": "object",
-            "propertyNames": {"pattern": ENV_NAME_PATTERN},
-            "additionalProperties": {"type": "string"},
-        },
+        schema=ENV_SCHEMA,
     )
     adapter_path: str | None = key(
         None,
@@ -250,7 +260,7 @@ class ServerEntry:
         None,
         help="Name of an environment variable (the daemon's, or from env) "
         "holding the bearer token clients must send; unset: no authentication.",
-        schema={"type": ["string", "null"], "pattern": ENV_NAME_PATTERN},
+        schema=API_KEY_ENV_SCHEMA,
     )
     allow_unauthenticated: bool = key(
         False,
@@ -362,9 +372,7 @@ class ServerEntry:
             elif "section" in f.metadata:
                 out[f.name] = None if value is None else _section_to_dict(value)
             else:
-                out[f.name] = (
-                    dict(value) if isinstance(value, Mapping) else list(value) if isinstance(value, tuple) else value
-                )
+                out[f.name] = _plain(value)
         return out
 
     @classmethod
@@ -375,17 +383,10 @@ class ServerEntry:
             if "kv" in f.metadata:
                 kwargs["kv"] = _kv_from_dict(data)
             elif f.name in data and "section" in f.metadata:
-                section_cls = f.metadata["section"]
                 given = data[f.name]
                 if given is None and f.metadata.get("optional"):
                     continue
-                kwargs[f.name] = section_cls(
-                    **{
-                        sf.name: _coerce(sf, (given or {})[sf.name])
-                        for sf in yaml_fields(section_cls)
-                        if sf.name in (given or {})
-                    }
-                )
+                kwargs[f.name] = _section_from_dict(f.metadata["section"], given or {})
             elif f.name in data:
                 kwargs[f.name] = _coerce(f, data[f.name])
         return cls(**kwargs)
@@ -399,19 +400,19 @@ class Dashboard:
         "127.0.0.1",
         help="Loopback address the dashboard and /metrics bind (it shows logs and "
         "states without authentication, so only 127.0.0.1, ::1 or localhost).",
-        schema={"type": "string", "pattern": HOST_PATTERN, "maxLength": 253},
+        schema=HOST_SCHEMA,
     )
     port: int = key(
         8090,
         help="TCP port of the dashboard, its JSON API and /metrics.",
-        schema={"type": "integer", "minimum": 1, "maximum": 65535},
+        schema=PORT_SCHEMA,
     )
     api_key_env: str | None = key(
         None,
         help="Name of an environment variable of the daemon holding the bearer "
         "token that enables actions (restart, reload) from the page and API; unset: "
         "read-only.",
-        schema={"type": ["string", "null"], "pattern": ENV_NAME_PATTERN},
+        schema=API_KEY_ENV_SCHEMA,
     )
     interval_s: float = key(
         1.0,
@@ -491,9 +492,7 @@ def config_from_dict(data: Mapping[str, Any]) -> Config:
 
 def dashboard_from_dict(data: Mapping[str, Any] | None) -> Dashboard | None:
     """The `dashboard:` block from schema-valid data; None when absent."""
-    if data is None:
-        return None
-    return Dashboard(**{f.name: _coerce(f, data[f.name]) for f in yaml_fields(Dashboard) if f.name in data})
+    return None if data is None else _section_from_dict(Dashboard, data)
 
 
 def _kv_to_dict(kv: KVCacheConfig) -> dict[str, Any]:
@@ -513,6 +512,11 @@ def _kv_from_dict(data: Mapping[str, Any]) -> KVCacheConfig:
         if isinstance(value, float) and value.is_integer():
             values[name] = int(value)  # JSON Schema's "integer" admits 32.0
     return KVCacheConfig.from_dict(values)
+
+
+def _section_from_dict(cls: type, data: Mapping[str, Any]) -> Any:
+    """A section from schema-valid data: the keys given, coerced; the others keep their defaults."""
+    return cls(**{f.name: _coerce(f, data[f.name]) for f in yaml_fields(cls) if f.name in data})
 
 
 def _coerce(f: dataclasses.Field, value: Any) -> Any:
@@ -553,12 +557,13 @@ def _flat_keys(entry: ServerEntry, *, live: bool) -> dict[str, Any]:
 
 
 def _section_to_dict(value: Any) -> dict[str, Any]:
-    """A section as YAML-shaped data: tuples as lists, mappings as dicts."""
-    out = {}
-    for f in dataclasses.fields(value):
-        item = getattr(value, f.name)
-        out[f.name] = list(item) if isinstance(item, tuple) else dict(item) if isinstance(item, Mapping) else item
-    return out
+    """A section as YAML-shaped data, key by key."""
+    return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+
+
+def _plain(value: Any) -> Any:
+    """A key's value as YAML-shaped data: tuples as lists, mappings as dicts."""
+    return list(value) if isinstance(value, tuple) else dict(value) if isinstance(value, Mapping) else value
 
 
 def _flag_text(value: Any) -> str:

@@ -18,7 +18,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 from pathlib import Path
 from typing import Any
 
@@ -30,11 +29,8 @@ from veloxd.kv.footprint import summary
 from veloxd.serve import preflight
 from veloxd.serve.adapter import (
     PinnedProvider,
-    ServerHandle,
     check_version,
-    handler_class,
     model_names,
-    server_args,
     start_generator,
 )
 from veloxd.serve.doorbell import Doorbell, connect_group
@@ -42,7 +38,7 @@ from veloxd.serve.lifeline import Stopper, watch_lifeline
 from veloxd.serve.limits import EffectiveLimits
 from veloxd.serve.options import ServeOptions
 from veloxd.serve.wiring import Wiring, wire_caches
-from veloxd.serve.worker import ready_payload
+from veloxd.serve.worker import bind_server, mlx_server_args, ready_payload, stop_on_wiring_failure, watch_generation
 
 FIGURES = ("pid", "kv_method", "kv_fp16", "layer_caches", "load_s")
 
@@ -194,61 +190,35 @@ def serve_rank(options: ServeOptions) -> int:
     started = time.monotonic()
 
     def on_loaded(model: Any, tokenizer: Any) -> bool:
-        try:
+        with stop_on_wiring_failure(stopper, model_id, options.kv.method):
             wiring = wire_caches(model, options.kv)
             ranks = pool_figures(group, wiring, time.monotonic() - started)
             provider.doorbell = ring_doorbell(group)
-        except ValueError as err:
-            stopper.stop(2, f"error: cannot serve {model_id} with method {options.kv.method}: {err}")
-            raise
-        except Exception:
-            stopper.stop(3, "error: wiring the KV cache failed:\n" + traceback.format_exc())
-            raise
         if rank == 0:
             payload = group_payload(options, model_id, wiring, provider.limits, time.monotonic() - started, ranks)
             payload["distributed"]["idle"] = "doorbell" if provider.doorbell is not None else "polling"
             print(protocol.format_ready(payload), flush=True)
         return wiring.batchable
 
-    cli_args = server_args(
-        model=options.model,
-        host=options.host,
-        port=options.port,
-        max_tokens=options.max_tokens,
-        temp=options.temp,
-        top_p=options.top_p,
-        prompt_cache_size=options.prompt_cache_size,
-        prompt_cache_bytes=options.prompt_cache_bytes,
-        pipeline=options.distributed == "pipeline",
+    provider = PinnedProvider(
+        mlx_server_args(options, pipeline=options.distributed == "pipeline"), names, on_loaded, options.limits
     )
-    provider = PinnedProvider(cli_args, names, on_loaded, options.limits)
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a remote rank's ssh went away
         signal.signal(signum, lambda *_: stopper.stop(0))
     if options.lifeline_fd is not None:
         threading.Thread(target=watch_lifeline, args=(options.lifeline_fd, stopper), daemon=True).start()
     if rank != 0:
         generator = start_generator(provider)
-        threading.Thread(target=_watch, args=(generator, stopper), daemon=True).start()
+        threading.Thread(target=watch_generation, args=(generator, stopper), daemon=True).start()
         stopper.stopped.wait()
         return stopper.code or 0
-    try:
-        handler = handler_class(model_id, names, options.api_key, limits=options.limits)
-        handle = ServerHandle(options.host, options.port, provider, handler)
-    except OSError as err:
-        print(
-            f"veloxd serve: error: --port {options.port}: cannot bind {options.host}:{options.port} ({err.strerror})",
-            file=sys.stderr,
-        )
+    handle = bind_server(options, provider, model_id, names)
+    if handle is None:
         return 2
     stopper.handle = handle
-    threading.Thread(target=_watch, args=(handle.generator, stopper), daemon=True).start()
+    threading.Thread(target=watch_generation, args=(handle.generator, stopper), daemon=True).start()
     if stopper.code is None:
         handle.serve_forever()
     # The generation thread may wait in a collective for ranks that are gone: do not wait long.
     handle.close(join_timeout=1.0)
     return stopper.code or 0
-
-
-def _watch(generator: Any, stopper: Stopper) -> None:
-    generator._generation_thread.join()
-    stopper.stop(3, "mlx_lm's generation thread stopped (see the error above); exiting")

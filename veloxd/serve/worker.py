@@ -8,6 +8,7 @@ the worker is gone within about STOP_JOIN_S even in the middle of a prefill.
 
 from __future__ import annotations
 
+import argparse
 import logging
 import os
 import signal
@@ -15,6 +16,8 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 from veloxd import protocol
@@ -89,10 +92,52 @@ def ready_payload(
     }
 
 
-def watch_generation(handle: ServerHandle, stopper: Stopper) -> None:
+def watch_generation(generator: Any, stopper: Stopper) -> None:
     """A dead generation thread behind a live port hangs every request: exit instead."""
-    handle.generator._generation_thread.join()
+    generator._generation_thread.join()
     stopper.stop(ExitCode.FAILED, "mlx_lm's generation thread stopped (see the error above); exiting")
+
+
+@contextmanager
+def stop_on_wiring_failure(stopper: Stopper, model_id: str, method: str) -> Iterator[None]:
+    """Wiring the caches on the generation thread: a failure stops the worker with its exit code."""
+    try:
+        yield
+    except ValueError as err:
+        stopper.stop(ExitCode.INVALID, f"error: cannot serve {model_id} with method {method}: {err}")
+        raise
+    except Exception:
+        stopper.stop(ExitCode.FAILED, "error: wiring the KV cache failed:\n" + traceback.format_exc())
+        raise
+
+
+def mlx_server_args(options: ServeOptions, **extra: Any) -> argparse.Namespace:
+    """mlx_lm's server namespace for these options: the model, the address, the sampling and
+    prompt-cache defaults, and `extra`."""
+    return server_args(
+        model=options.model,
+        host=options.host,
+        port=options.port,
+        max_tokens=options.max_tokens,
+        temp=options.temp,
+        top_p=options.top_p,
+        prompt_cache_size=options.prompt_cache_size,
+        prompt_cache_bytes=options.prompt_cache_bytes,
+        **extra,
+    )
+
+
+def bind_server(options: ServeOptions, provider: PinnedProvider, model_id: str, names: set[str]) -> ServerHandle | None:
+    """The HTTP server on --host/--port; None (the reason printed) when the port cannot be bound."""
+    try:
+        handler = handler_class(model_id, names, options.api_key, limits=options.limits)
+        return ServerHandle(options.host, options.port, provider, handler)
+    except OSError as err:
+        print(
+            f"veloxd serve: error: --port {options.port}: cannot bind {options.host}:{options.port} ({err.strerror})",
+            file=sys.stderr,
+        )
+        return None
 
 
 def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
@@ -117,47 +162,26 @@ def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
     started = time.monotonic()
 
     def on_loaded(model: Any, tokenizer: Any) -> bool:
-        try:
+        with stop_on_wiring_failure(stopper, model_id, options.kv.method):
             wiring = wire_caches(model, options.kv)
-        except ValueError as err:
-            stopper.stop(ExitCode.INVALID, f"error: cannot serve {model_id} with method {options.kv.method}: {err}")
-            raise
-        except Exception:
-            stopper.stop(ExitCode.FAILED, "error: wiring the KV cache failed:\n" + traceback.format_exc())
-            raise
         payload = ready_payload(
             options, model_id, wiring, provider.limits, time.monotonic() - started, memory_facts(model)
         )
         print(protocol.format_ready(payload), flush=True)
         return wiring.batchable
 
-    cli_args = server_args(
-        model=options.model,
-        adapter_path=options.adapter_path,
-        host=options.host,
-        port=options.port,
-        max_tokens=options.max_tokens,
-        temp=options.temp,
-        top_p=options.top_p,
-        prompt_cache_size=options.prompt_cache_size,
-        prompt_cache_bytes=options.prompt_cache_bytes,
+    provider = PinnedProvider(
+        mlx_server_args(options, adapter_path=options.adapter_path), names, on_loaded, options.limits
     )
-    provider = PinnedProvider(cli_args, names, on_loaded, options.limits)
-    try:
-        handler = handler_class(model_id, names, options.api_key, limits=options.limits)
-        handle = ServerHandle(options.host, options.port, provider, handler)
-    except OSError as err:
-        print(
-            f"veloxd serve: error: --port {options.port}: cannot bind {options.host}:{options.port} ({err.strerror})",
-            file=sys.stderr,
-        )
+    handle = bind_server(options, provider, model_id, names)
+    if handle is None:
         return ExitCode.INVALID
     stopper.handle = handle
     if stopper.code is not None:  # the lifeline closed while loading: the timer ends us anyway
         return stopper.code
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stopper.stop(ExitCode.OK))
-    threading.Thread(target=watch_generation, args=(handle, stopper), daemon=True).start()
+    threading.Thread(target=watch_generation, args=(handle.generator, stopper), daemon=True).start()
     if stopper.code is None:
         handle.serve_forever()
     handle.close(join_timeout=STOP_JOIN_S)
