@@ -36,13 +36,11 @@ def completions(base_url: str, model: str) -> list[str]:
     ]
 
 
-# Known regressions from the kv reorganisation (blockwise attention, SnapKV compressing at the first
-# decode step), open in the issue tracker: the sharded affine output drifts from one process after
-# a few tokens, and a SnapKV rank reports no per-rank ratio. strict: a fix makes these tests fail
-# until the marks are removed.
+# Known regression from the kv reorganisation (blockwise attention), open in the issue tracker: the
+# sharded affine output drifts from one process after a few tokens. strict: a fix makes this test
+# fail until the mark is removed.
 KNOWN_REGRESSIONS = {
     "affine-4bit": "sharded affine-4 greedy output differs from one process since the blockwise kv attention",
-    "snapkv-evicting": "SnapKV ranks report no per-rank KV ratio since compression moved to the first decode step",
 }
 
 

@@ -43,7 +43,7 @@ from veloxd.serve.options import ServeOptions
 from veloxd.serve.wiring import Wiring, wire_caches
 from veloxd.serve.worker import ready_payload
 
-FIGURES = ("pid", "kv_method", "kv_fp16", "layer_caches", "load_s")
+FIGURES = ("pid", "kv_method", "kv_fp16", "layer_caches", "load_s", "kv_total_method", "kv_total_fp16")
 
 
 def precheck_sharding(options: ServeOptions) -> str | None:
@@ -78,12 +78,17 @@ def rank_hosts() -> list[str]:
 
 def pool_figures(group: Any, wiring: Wiring, load_s: float) -> list[dict[str, Any]]:
     """Every rank's figures, on every rank (one all_sum of a [ranks, figures] table)."""
+    # totals at the summary's context (4k): an evicting rank's ratio is of its capped totals, not
+    # of bytes per added token (which are nil once its budget fits in one capacity step)
+    total = wiring.kv_memory["at"][str(wiring.kv_bytes_per_token["tokens"])]
     mine = [
         os.getpid(),
         wiring.kv_bytes_per_token["method"],
         wiring.kv_bytes_per_token["fp16"],
         sum(wiring.layer_caches.values()),
         load_s,
+        total["method"],
+        total["fp16"],
     ]
     table = mx.zeros((group.size(), len(FIGURES)), dtype=mx.float32)
     table[group.rank()] = mx.array(mine, dtype=mx.float32)
@@ -91,7 +96,7 @@ def pool_figures(group: Any, wiring: Wiring, load_s: float) -> list[dict[str, An
     hosts = rank_hosts()
     out = []
     for rank, row in enumerate(rows):
-        pid, method, fp16, layers, load = row
+        pid, method, fp16, layers, load, total_method, total_fp16 = row
         out.append(
             {
                 "rank": rank,
@@ -100,6 +105,7 @@ def pool_figures(group: Any, wiring: Wiring, load_s: float) -> list[dict[str, An
                 "kv_bytes_per_token": {"method": round(method, 1), "fp16": round(fp16, 1)},
                 "layer_caches": int(layers),
                 "load_s": round(load, 3),
+                "kv_total": {"method": round(total_method), "fp16": round(total_fp16)},
             }
         )
     return out
@@ -140,12 +146,18 @@ def group_payload(
     payload = ready_payload(options, model_id, wiring, limits, load_s)
     method = sum(r["kv_bytes_per_token"]["method"] for r in ranks)
     fp16 = sum(r["kv_bytes_per_token"]["fp16"] for r in ranks)
+    total_method = sum(r["kv_total"]["method"] for r in ranks)
+    total_fp16 = sum(r["kv_total"]["fp16"] for r in ranks)
+    tokens = wiring.kv_bytes_per_token["tokens"]
     payload["kv_bytes_per_token"] = {
         **wiring.kv_bytes_per_token,
         "method": round(method, 1),
         "fp16": round(fp16, 1),
-        "ratio": round(method / fp16, 4) if fp16 else None,
-        "source": f"measured: nbytes of every layer cache after a probe prefill, summed over {len(ranks)} ranks",
+        "ratio": round(total_method / total_fp16, 4) if total_fp16 else None,
+        "source": (
+            f"bytes per added token: measured, summed over {len(ranks)} ranks; ratio of the ranks' "
+            f"summed totals at {tokens} tokens (derived from measurements, as on one process)"
+        ),
     }
     payload["load_s"] = round(max(r["load_s"] for r in ranks), 3)
     payload["distributed"] = {"parallelism": options.distributed, "world_size": len(ranks), "ranks": ranks}
