@@ -14,6 +14,14 @@ Lq * Hq * block <= SCORE_ELEMENTS), key/value block = B * Hkv * block * (D + Dv)
 block decoded to float32, the most any method expands it), and io = B * Hq * L * (D + Dv) * 4
 (the queries, the output and its accumulators, which scale with the step, not the cache). The
 bound does not grow with the cache length. `transient_bound` computes it.
+
+A decode step (one query) reads DECODE_BLOCK = 32 keys per block (`key_block`; KIVI rounds it up
+to its key group), a prefill chunk DEFAULT_BLOCK = 1024. Chosen by measurement (benchmarks/kv_peak.py,
+one layer at 4k context, GQA 16, d 128, CPU with OpenBLAS; docs/results.md): with 32-key blocks
+a decode step's transient is at or under the fp16 cache's own decode peak (0.067x its layer cache)
+for affine, KIVI, QJL and the eviction methods (TurboQuant keeps a floor near 0.08x that smaller
+blocks do not lower), where 1024-key blocks held 1.2-2.1x; a step costs 1.3-1.7x the time of
+1024-key blocks (turboquant_prod 2.3x), the per-block evaluation being the price.
 """
 
 from __future__ import annotations
