@@ -174,8 +174,10 @@ def measure(model: Any, config: KVCacheConfig) -> Footprint:
     probe = make_caches(model, config)
     lengths = probe_lengths(probe)
     budgets: list[int | None] = [getattr(c, "budget", None) for c in probe]
-    method = _lines(*[_layer_bytes(model, make_caches(model, config), n) for n in lengths], lengths)
-    fp16 = _lines(*[_layer_bytes(model, native_caches(model), n) for n in PROBE_LENGTHS], PROBE_LENGTHS)
+    low, high = (_layer_bytes(model, make_caches(model, config), n) for n in lengths)
+    method = _lines(low, high, lengths)
+    low, high = (_layer_bytes(model, native_caches(model), n) for n in PROBE_LENGTHS)
+    fp16 = _lines(low, high, PROBE_LENGTHS)
     limit = max_context(model)
     evicting = [b for b in budgets if b is not None and (limit is None or b < limit)]
     cap_tokens = None
