@@ -20,8 +20,9 @@ to its key group), a prefill chunk DEFAULT_BLOCK = 1024. Chosen by measurement (
 one layer at 4k context, GQA 16, d 128, CPU with OpenBLAS; docs/results.md): with 32-key blocks
 a decode step's transient is at or under the fp16 cache's own decode peak (0.067x its layer cache)
 for affine, KIVI, QJL and the eviction methods (TurboQuant keeps a floor near 0.08x that smaller
-blocks do not lower), where 1024-key blocks held 1.2-2.1x; a step costs 1.3-1.7x the time of
-1024-key blocks (turboquant_prod 2.3x), the per-block evaluation being the price.
+blocks do not lower), where 1024-key blocks held 1.2-2.1x; a step costs 0.7-2.7x the time of
+1024-key blocks (QJL up to 4.8x; a loaded shared CPU, so ranges), the per-block evaluation being
+the price.
 """
 
 from __future__ import annotations
