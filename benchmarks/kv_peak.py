@@ -8,16 +8,20 @@ reaches `context`). The figure is the peak
 above the memory held before the call, divided by the bytes of an fp16 cache holding `context`
 tokens of the same layer (one KV head group, batch 1). Quantizing caches are filled without
 attention (their stored form does not depend on it); eviction caches attend while filling, since
-that is when they evict. Run:
+that is when they evict. `--time N` also times N more decode steps (median seconds per step; the
+cache grows by N tokens), and `--decode-block K` sets the key block of one-query steps
+(veloxd.kv.ops.blockwise.DECODE_BLOCK) for the run, to choose it by measurement. Run:
 
-    python -m benchmarks.kv_peak [--context 4096] [--gqa 16] [--head-dim 128] [--json out.json]
+    python -m benchmarks.kv_peak [--context 4096] [--gqa 16] [--head-dim 128] [--time 32] [--json out.json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
+import time
 from typing import Any
 
 import mlx.core as mx
@@ -26,6 +30,7 @@ from mlx_lm.models.cache import KVCache
 from veloxd.kv import KVCacheConfig, registry
 from veloxd.kv.base import LayerSpec
 from veloxd.kv.factory import cache_class
+from veloxd.kv.ops import blockwise
 
 KV_HEADS = 2
 WARM = 7
@@ -90,7 +95,22 @@ def make_cache(method: str) -> Any:
     return cache_class(method)(KVCacheConfig(method=method), LayerSpec(0, 1))
 
 
-def measure(method: str, context: int, gqa: int, d: int, chunk: int) -> dict[str, Any]:
+def _step_seconds(cache: Any, steps: int, n_q: int, n_kv: int, d: int) -> float | None:
+    """Median wall time of `steps` decode steps (inputs made and evaluated outside the timing)."""
+    times = []
+    for i in range(steps):
+        k1, k2, k3 = mx.random.split(mx.random.key(1000 + i), 3)
+        queries = mx.random.normal((1, n_q, 1, d), key=k3).astype(mx.float16)
+        keys = mx.random.normal((1, n_kv, 1, d), key=k1).astype(mx.float16)
+        values = mx.random.normal((1, n_kv, 1, d), key=k2).astype(mx.float16)
+        mx.eval(queries, keys, values)
+        start = time.perf_counter()
+        _call(cache, queries, keys, values)
+        times.append(time.perf_counter() - start)
+    return statistics.median(times) if times else None
+
+
+def measure(method: str, context: int, gqa: int, d: int, chunk: int, steps: int = 0) -> dict[str, Any]:
     _GQA[0] = gqa
     n_kv = KV_HEADS
     fp16_bytes = context * n_kv * d * 2 * 2
@@ -100,6 +120,7 @@ def measure(method: str, context: int, gqa: int, d: int, chunk: int) -> dict[str
     for _ in range(WARM):
         _peak_of(cache, 1, n_kv * gqa, n_kv, d)
     decode = _peak_of(cache, 1, n_kv * gqa, n_kv, d)
+    step_s = _step_seconds(cache, steps, n_kv * gqa, n_kv, d)
     return {
         "method": method,
         "context": context,
@@ -111,6 +132,8 @@ def measure(method: str, context: int, gqa: int, d: int, chunk: int) -> dict[str
         "decode_peak_bytes": decode,
         "prefill_peak_x_fp16": round(prefill / fp16_bytes, 3),
         "decode_peak_x_fp16": round(decode / fp16_bytes, 3),
+        "decode_block": blockwise.DECODE_BLOCK,
+        "decode_step_s": step_s,
     }
 
 
@@ -121,16 +144,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--head-dim", type=int, default=128)
     parser.add_argument("--chunk", type=int, default=512, help="prefill block measured (new tokens)")
     parser.add_argument("--methods", default=",".join(registry.names()))
+    parser.add_argument("--time", type=int, default=0, help="decode steps to time after the peaks")
+    parser.add_argument("--decode-block", type=int, default=blockwise.DECODE_BLOCK)
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
+    blockwise.DECODE_BLOCK = args.decode_block  # read at every call: this run's one-query key block
     rows = []
     print(
-        f"{'method':<16} {'prefill x fp16':>14} {'decode x fp16':>14}   (context {args.context}, GQA {args.gqa}, d {args.head_dim})"
+        f"{'method':<16} {'prefill x fp16':>14} {'decode x fp16':>14} {'step ms':>8}   (context {args.context}, "
+        f"GQA {args.gqa}, d {args.head_dim}, decode block {args.decode_block})"
     )
     for method in args.methods.split(","):
-        row = measure(method, args.context, args.gqa, args.head_dim, args.chunk)
+        row = measure(method, args.context, args.gqa, args.head_dim, args.chunk, args.time)
         rows.append(row)
-        print(f"{method:<16} {row['prefill_peak_x_fp16']:>14.3f} {row['decode_peak_x_fp16']:>14.3f}", flush=True)
+        step = f"{row['decode_step_s'] * 1e3:8.2f}" if row["decode_step_s"] is not None else f"{'-':>8}"
+        print(f"{method:<16} {row['prefill_peak_x_fp16']:>14.3f} {row['decode_peak_x_fp16']:>14.3f} {step}", flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)

@@ -142,11 +142,13 @@ def group_kv_memory(figures: list[dict[str, Any]]) -> dict[str, Any]:
         method, fp16 = (sum(f["at"][n][kind] for f in figures) for kind in ("method", "fp16"))
         at[n] = {"method": method, "fp16": fp16, "ratio": round(method / fp16, 4) if fp16 else None}
     caps = sorted({cap for f in figures for cap in f.get("eviction_cap_tokens") or []})
+    capped = [f["capped_bytes"] for f in figures if f.get("capped_bytes") is not None]
     return {
         **first,
         "fixed_bytes": summed("fixed_bytes", None),
         "bytes_per_token": summed("bytes_per_token", 1),
         "eviction_cap_tokens": caps or None,
+        "capped_bytes": sum(capped) if capped else None,
         "at": at,
         "summed_over_ranks": len(figures),
         "source": f"sum over {len(figures)} ranks of each rank's kv_memory (distributed.ranks[].kv_memory), "

@@ -79,24 +79,8 @@ def assert_same_or_parts_at_a_near_tie(got: list[dict[int, float]], expected: li
     assert best - runner_up <= TIE, f"the group parts from one process at step {split}, not a near-tie: {alone}"
 
 
-# Known regressions from the kv reorganisation (SnapKV compressing at the first decode step), open
-# in the issue tracker: a SnapKV rank reports no per-rank ratio. strict: a fix makes the test fail
-# until the mark is removed.
-KNOWN_REGRESSIONS = {
-    "snapkv-evicting": "SnapKV ranks report no per-rank KV ratio since compression moved to the first decode step",
-}
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    "case",
-    [
-        pytest.param(c, marks=pytest.mark.xfail(reason=KNOWN_REGRESSIONS[c], strict=True))
-        if c in KNOWN_REGRESSIONS
-        else c
-        for c in CASES
-    ],
-)
+@pytest.mark.parametrize("case", list(CASES))
 def test_group_answers_like_one_process_with_half_the_kv_per_rank(case: str) -> None:
     args = [*CASES[case], "--model", str(ASSET_MODEL)]
     single = Worker(*args, "--port", str(port := free_port()))

@@ -1,5 +1,6 @@
-"""READY's memory figure: fixed bytes and bytes per token measured at two probe lengths, totals
-derived at longer contexts; checked against caches really filled to those lengths."""
+"""READY's memory figure: fixed bytes and bytes per token measured at two probe lengths, capped
+bytes of evicting layers measured past the budget, totals derived at longer contexts; checked
+against caches really filled to those lengths, at default-like and at small eviction budgets."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from veloxd.kv import KVCacheConfig, make_caches, registry
 from veloxd.kv.factory import native_caches
 from veloxd.kv.footprint import measure
 
-BUDGETS = {
+BUDGETS = {  # 512 retained tokens: past the 256/512 probes' reach, inside the filled lengths
     "streaming_llm": {"streaming_llm_window": 508},
     "knorm": {"knorm_budget": 512},
     "snapkv": {"snapkv_budget": 512},
@@ -21,7 +22,15 @@ BUDGETS = {
     "h2o": {"h2o_budget": 512},
 }
 BUDGETS |= {h.name: BUDGETS[h.parts[0]] for h in registry.HYBRIDS}  # each policy over affine codes
+SMALL = {  # budgets inside one 256-token capacity step (tests/serve/test_serve_methods.py uses these)
+    "streaming_llm": {"streaming_llm_sinks": 4, "streaming_llm_window": 64},
+    "knorm": {"knorm_budget": 96, "knorm_window": 16},
+    "snapkv": {"snapkv_budget": 96, "snapkv_window": 16},
+    "tova": {"tova_budget": 96},
+    "h2o": {"h2o_budget": 96, "h2o_window": 32},
+}
 LENGTHS = (1024, 2048)  # multiples of the 256-token capacity step, past every budget above
+DECODE = 40  # generated tokens after the prompt: past snapkv's re-compression window
 
 
 @pytest.fixture(scope="module")
@@ -29,36 +38,54 @@ def model(tiny_model) -> Any:
     return load(str(tiny_model))[0]
 
 
-def filled_bytes(model: Any, caches: list[Any], n: int) -> int:
-    """Bytes held after a prompt of n - 1 tokens (chunks of 512) and its last token as a decode step."""
+def filled_bytes(model: Any, caches: list[Any], n: int, generated: int = 0) -> list[int]:
+    """Bytes held after a prompt of n - 1 tokens (chunks of 512) and its last token as a decode
+    step, then after each of `generated` further decode steps."""
     vocab = model.args.vocab_size
-    tokens = (mx.arange(n) * 31 % vocab)[None]
+    tokens = (mx.arange(n + generated) * 31 % vocab)[None]
     for start in range(0, n - 1, 512):
         model(tokens[:, start : min(start + 512, n - 1)], cache=caches)
         mx.eval([c.state for c in caches])
-    model(tokens[:, n - 1 :], cache=caches)
-    mx.eval([c.state for c in caches])
-    return sum(c.nbytes for c in caches)
+    held = []
+    for i in range(n - 1, n + generated):
+        model(tokens[:, i : i + 1], cache=caches)
+        mx.eval([c.state for c in caches])
+        held.append(sum(c.nbytes for c in caches))
+    return held
 
 
-@pytest.mark.parametrize("method", [m for m in registry.names() if m != "fp16"])
-def test_derived_totals_match_caches_filled_to_those_lengths(model, method: str) -> None:
-    config = KVCacheConfig(method=method, **BUDGETS.get(method, {}))
+CASES = [pytest.param(m, BUDGETS.get(m, {}), id=m) for m in registry.names() if m != "fp16"]
+CASES += [pytest.param(m, fields, id=f"{m}-small") for m, fields in SMALL.items()]
+
+
+@pytest.mark.parametrize(("method", "fields"), CASES)
+def test_derived_totals_match_caches_filled_to_those_lengths(model, method: str, fields: dict[str, int]) -> None:
+    config = KVCacheConfig(method=method, **fields)
     footprint = measure(model, config)
     figure = footprint.to_dict()
     assert figure["max_context"] == model.args.max_position_embeddings
     assert set(figure["at"]) == {"4096", "32768", str(model.args.max_position_embeddings)}
     assert "measured" in figure["source"] and "derived" in figure["source"]
+    evicting = registry.get(method).family == "eviction"
     for n in LENGTHS:
         derived = footprint.at(n)
-        real_method = filled_bytes(model, make_caches(model, config), n)
-        real_fp16 = filled_bytes(model, native_caches(model), n)
-        assert abs(derived["method"] - real_method) <= 0.03 * real_method, (n, derived, real_method)
+        real_fp16 = filled_bytes(model, native_caches(model), n)[-1]
         assert abs(derived["fp16"] - real_fp16) <= 0.03 * real_fp16, (n, derived, real_fp16)
-    if method in BUDGETS:  # capped: past the budget, more context costs nothing more
-        assert figure["eviction_cap_tokens"] == [512]
-        assert footprint.at(32768)["method"] == footprint.at(4096)["method"]
-        assert footprint.at(4096)["ratio"] < 0.2
+        if evicting:  # while decoding past its budget an evicting layer holds its capped bytes at most
+            held = filled_bytes(model, make_caches(model, config), n, DECODE)
+            real_method = max(held)
+        else:
+            real_method = filled_bytes(model, make_caches(model, config), n)[-1]
+        assert abs(derived["method"] - real_method) <= 0.03 * real_method, (n, derived, real_method)
+    if evicting:  # capped: past the budget, more context costs nothing more
+        budget = make_caches(model, config)[0].budget
+        assert figure["eviction_cap_tokens"] == [budget]
+        assert figure["capped_bytes"] == footprint.at(32768)["method"] == footprint.at(4096)["method"]
+        # the honest ratio at 4k: the slots a layer holds at most (budget + snapkv's decode window,
+        # or + the decode step's token) over 4096 fp16 tokens; these caches hold no fixed bytes
+        slots = budget + (config.snapkv_window if method == "snapkv" else 1)
+        assert footprint.at(4096)["ratio"] <= 1.03 * slots / 4096, (slots, figure)
+        assert footprint.at(4096)["fp16"] == pytest.approx(4096 * figure["bytes_per_token"]["fp16"], rel=1e-6)
     else:
-        assert figure["eviction_cap_tokens"] is None
+        assert figure["eviction_cap_tokens"] is None and figure["capped_bytes"] is None
         assert figure["bytes_per_token"]["method"] < figure["bytes_per_token"]["fp16"]

@@ -1,14 +1,23 @@
-"""What a model's KV cache will weigh: measured at two probe lengths, derived at the lengths users ask about.
+"""What a model's KV cache will weigh: measured on probe prompts, derived at the lengths users ask about.
 
 A cache's bytes are `fixed + per_token * n` (constants such as rotations, sketches, KIVI's
-full-precision window, capacity rounding) until an eviction method reaches its budget, where
-they stop growing. `measure` fills fresh caches of the served model with two probe prompts whose
-lengths are multiples of the 256-token capacity step (and below every eviction budget), reads
-every layer's `nbytes` once the prompt has ended (its last token runs as a one-token step, as in
-mlx_lm, so SnapKV has compressed and released its query stash), and solves per layer for `fixed` and `per_token`; the fp16 cache
-(mlx_lm's KVCache) is measured the same way beside it. `Footprint.at(n)` derives the totals at n
-tokens, each evicting layer capped at its budget. Everything reported is labelled measured or
-derived: nothing is computed from bit widths.
+full-precision window, capacity rounding) until an eviction method reaches its budget, from where
+they stay at a capped figure. `measure` runs fresh caches of the served model through probe prompts
+and reads every layer's `nbytes` once the prompt has ended (its last token runs as a one-token step,
+as in mlx_lm, so SnapKV has compressed and released its query stash):
+
+- the fp16 cache (mlx_lm's KVCache) always at 256 and 512 tokens: multiples of its 256-token
+  capacity step, so its line is exact at every multiple of the step whatever the method's budget;
+- the method at 256 and 512 tokens too, or, when an eviction budget is smaller, at half the budget
+  and the budget (below a small budget an eviction layer holds one capacity step, so its line
+  there can be flat: it is then constant, which is what it holds);
+- an eviction method once more past its largest budget (prompt of budget + 1 tokens, then one
+  generated token, when a decode step has grown its buffer to the most slots it ever holds): each
+  evicting layer's capped bytes, measured, not extrapolated from a line.
+
+`Footprint.at(n)` derives the totals at n tokens: each layer's line, and each evicting layer's
+measured capped bytes from its budget on. Everything reported is labelled measured or derived:
+nothing is computed from bit widths.
 """
 
 from __future__ import annotations
@@ -23,19 +32,25 @@ from veloxd.kv.factory import make_caches, native_caches
 
 PROBE_STEP = 256  # capacity step of the packed stores and of mlx_lm's KVCache
 PROBE_LENGTHS = (256, 512)
+PROMPT_CHUNK = 512  # probe prompts run in chunks, as mlx_lm prefills (smaller than its 2048)
 REPORT_LENGTHS = (4096, 32768)
 
 
 @dataclass(frozen=True)
 class LayerLine:
-    """One layer's bytes: fixed + per_token * min(n, cap) (cap None: it never stops growing)."""
+    """One layer's bytes: fixed + per_token * n, and capped_bytes from `cap` tokens on (cap None:
+    it never stops growing)."""
 
     fixed: float
     per_token: float
-    cap: int | None
+    cap: int | None = None
+    capped_bytes: float | None = None
 
     def at(self, n: int) -> float:
-        return self.fixed + self.per_token * (n if self.cap is None else min(n, self.cap))
+        line = self.fixed + self.per_token * n
+        if self.cap is None or self.capped_bytes is None:
+            return line
+        return self.capped_bytes if n >= self.cap else min(line, self.capped_bytes)
 
 
 @dataclass(frozen=True)
@@ -44,6 +59,8 @@ class Footprint:
     method: tuple[LayerLine, ...]
     fp16: tuple[LayerLine, ...]
     max_context: int | None
+    fp16_probe_lengths: tuple[int, int] = PROBE_LENGTHS
+    cap_probe_tokens: int | None = None
 
     def at(self, n: int) -> dict[str, Any]:
         method = round(sum(line.at(n) for line in self.method))
@@ -51,11 +68,23 @@ class Footprint:
         return {"method": method, "fp16": fp16, "ratio": round(method / fp16, 4) if fp16 else None}
 
     def to_dict(self) -> dict[str, Any]:
-        """The READY figure: measured fixed bytes and bytes per token, derived totals."""
+        """The READY figure: measured fixed bytes, bytes per token and capped bytes; derived totals."""
         lengths = [*REPORT_LENGTHS]
         if self.max_context and self.max_context not in lengths:
             lengths.append(self.max_context)
         caps = sorted({line.cap for line in self.method if line.cap is not None})
+        capped = [line.capped_bytes for line in self.method if line.capped_bytes is not None]
+        source = (
+            "fixed_bytes, bytes_per_token: measured (nbytes of every layer cache after probe prompts of "
+            f"{self.probe_lengths[0]} and {self.probe_lengths[1]} tokens, fp16 of "
+            f"{self.fp16_probe_lengths[0]} and {self.fp16_probe_lengths[1]})"
+        )
+        if self.cap_probe_tokens is not None:
+            source += (
+                f"; capped_bytes: measured (evicting layers after a {self.cap_probe_tokens}-token prompt "
+                "and one generated token)"
+            )
+        source += "; at: derived from them, evicting layers at their capped bytes from their budget on"
         return {
             "fixed_bytes": {
                 "method": round(sum(x.fixed for x in self.method)),
@@ -66,14 +95,11 @@ class Footprint:
                 "fp16": round(sum(x.per_token for x in self.fp16), 1),
             },
             "eviction_cap_tokens": caps or None,
+            "capped_bytes": round(sum(capped)) if capped else None,
             "max_context": self.max_context,
             "at": {str(n): self.at(n) for n in lengths},
             "probe_tokens": list(self.probe_lengths),
-            "source": (
-                "fixed_bytes, bytes_per_token: measured (nbytes of every layer cache after probe prefills of "
-                f"{self.probe_lengths[0]} and {self.probe_lengths[1]} tokens); at: derived from them, "
-                "eviction layers capped at their budget"
-            ),
+            "source": source,
         }
 
 
@@ -100,22 +126,38 @@ def probe_lengths(caches: list[Any]) -> tuple[int, int]:
     return low, high
 
 
-def _layer_bytes(model: Any, caches: list[Any], n: int) -> list[int]:
+def _prompt(model: Any, n: int) -> mx.array:
     vocab = int(getattr(getattr(model, "args", None), "vocab_size", 0) or 256)
-    tokens = (mx.arange(n) * 7919 % vocab)[None]  # [1, n] a fixed, varied prompt
-    model(tokens[:, :-1], cache=caches)  # as mlx_lm runs a prompt: all but its last token,
-    model(tokens[:, -1:], cache=caches)  # then the last one as the first one-token step
+    return (mx.arange(n) * 7919 % vocab)[None]  # [1, n] a fixed, varied prompt
+
+
+def _run(model: Any, caches: list[Any], tokens: mx.array) -> None:
+    """As mlx_lm runs a prompt: all but its last token in chunks, then the last one as a one-token step."""
+    n = tokens.shape[1]
+    for start in range(0, n - 1, PROMPT_CHUNK):
+        model(tokens[:, start : min(start + PROMPT_CHUNK, n - 1)], cache=caches)
+        mx.eval([c.state for c in caches])
+    model(tokens[:, n - 1 :], cache=caches)
     mx.eval([c.state for c in caches])
+
+
+def _layer_bytes(model: Any, caches: list[Any], n: int, generated: int = 0) -> list[int]:
+    """Each layer's nbytes after a prompt of n tokens and `generated` further one-token steps."""
+    tokens = _prompt(model, n + generated)
+    _run(model, caches, tokens[:, :n])
+    for i in range(n, n + generated):
+        model(tokens[:, i : i + 1], cache=caches)
+        mx.eval([c.state for c in caches])
     return [c.nbytes for c in caches]
 
 
-def _lines(low: list[int], high: list[int], lengths: tuple[int, int], caps: list[int | None]) -> tuple[LayerLine, ...]:
+def _lines(low: list[int], high: list[int], lengths: tuple[int, int]) -> list[LayerLine]:
     a, b = lengths
     out = []
-    for lo, hi, cap in zip(low, high, caps):
+    for lo, hi in zip(low, high):
         per_token = (hi - lo) / (b - a)
-        out.append(LayerLine(fixed=lo - per_token * a, per_token=per_token, cap=cap))
-    return tuple(out)
+        out.append(LayerLine(fixed=lo - per_token * a, per_token=per_token))
+    return out
 
 
 def max_context(model: Any) -> int | None:
@@ -128,14 +170,29 @@ def max_context(model: Any) -> int | None:
 
 
 def measure(model: Any, config: KVCacheConfig) -> Footprint:
-    """Probe `model` with `config`'s caches and with fp16 caches at two lengths (see module doc)."""
-    lengths = probe_lengths(make_caches(model, config))
-    caps = [getattr(c, "budget", None) for c in make_caches(model, config)]
-    method = [_layer_bytes(model, make_caches(model, config), n) for n in lengths]
-    fp16 = [_layer_bytes(model, native_caches(model), n) for n in lengths]
+    """Probe `model` with `config`'s caches and with fp16 caches (see the module doc)."""
+    probe = make_caches(model, config)
+    lengths = probe_lengths(probe)
+    budgets: list[int | None] = [getattr(c, "budget", None) for c in probe]
+    low, high = (_layer_bytes(model, make_caches(model, config), n) for n in lengths)
+    method = _lines(low, high, lengths)
+    low, high = (_layer_bytes(model, native_caches(model), n) for n in PROBE_LENGTHS)
+    fp16 = _lines(low, high, PROBE_LENGTHS)
+    limit = max_context(model)
+    evicting = [b for b in budgets if b is not None and (limit is None or b < limit)]
+    cap_tokens = None
+    if evicting:  # past every budget that a context can reach: the capped bytes themselves
+        cap_tokens = max(evicting) + 1
+        capped = _layer_bytes(model, make_caches(model, config), cap_tokens, generated=1)
+        method = [
+            LayerLine(line.fixed, line.per_token, b, float(c)) if b is not None and b in evicting else line
+            for line, b, c in zip(method, budgets, capped)
+        ]
     return Footprint(
         probe_lengths=lengths,
-        method=_lines(method[0], method[1], lengths, caps),
-        fp16=_lines(fp16[0], fp16[1], lengths, [None] * len(fp16[0])),
-        max_context=max_context(model),
+        method=tuple(method),
+        fp16=tuple(fp16),
+        max_context=limit,
+        fp16_probe_lengths=PROBE_LENGTHS,
+        cap_probe_tokens=cap_tokens,
     )

@@ -14,6 +14,15 @@ Lq * Hq * block <= SCORE_ELEMENTS), key/value block = B * Hkv * block * (D + Dv)
 block decoded to float32, the most any method expands it), and io = B * Hq * L * (D + Dv) * 4
 (the queries, the output and its accumulators, which scale with the step, not the cache). The
 bound does not grow with the cache length. `transient_bound` computes it.
+
+A decode step (one query) reads DECODE_BLOCK = 32 keys per block (`key_block`; KIVI rounds it up
+to its key group), a prefill chunk DEFAULT_BLOCK = 1024. Chosen by measurement (benchmarks/kv_peak.py,
+one layer at 4k context, GQA 16, d 128, CPU with OpenBLAS; docs/results.md): with 32-key blocks
+a decode step's transient is at or under the fp16 cache's own decode peak (0.067x its layer cache)
+for affine, KIVI, QJL and the eviction methods (TurboQuant keeps a floor near 0.08x that smaller
+blocks do not lower), where 1024-key blocks held 1.2-2.1x; a step costs 0.7-2.7x the time of
+1024-key blocks (QJL up to 4.8x; a loaded shared CPU, so ranges), the per-block evaluation being
+the price.
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ MaskFn = Callable[[int, int, int, int], "mx.array | None"]
 CollectFn = Callable[[mx.array, int, int, int, int], None]  # (probs, q_start, q_stop, k_start, k_stop)
 
 DEFAULT_BLOCK = 1024  # keys per block
+DECODE_BLOCK = 32  # keys per block of a one-query step (chosen by measurement: see the module doc)
 SCORE_ELEMENTS = 1 << 21  # float32 scores alive per block (8 MiB): bounds the query block
 PEAK_FACTOR = 6  # scores, their exp, a mask and casts: the temporaries one block step holds
 
@@ -57,15 +67,33 @@ def per_kv_head(x: mx.array, matmul: Callable[[mx.array], mx.array]) -> mx.array
     return out.reshape(B, H, R, L, out.shape[-1])
 
 
+def key_block(L: int, block: int = DEFAULT_BLOCK, align: int = 1) -> int:
+    """Keys per block for a step of L queries: a decode step (L == 1) reads DECODE_BLOCK keys at a
+    time (see the module doc), rounded down to a multiple of `align` and at least `align` (KIVI
+    quantizes keys in token groups and can only cut a block at a group boundary)."""
+    if L != 1:
+        return block
+    small = min(block, DECODE_BLOCK)
+    return max(align, small - small % align)
+
+
 def query_block(batch: int, n_q_heads: int, L: int, block: int = DEFAULT_BLOCK) -> int:
     """Query rows per block so that batch * Hq * rows * block <= SCORE_ELEMENTS (at least 1)."""
     return max(1, min(L, SCORE_ELEMENTS // max(1, batch * n_q_heads * block)))
 
 
 def transient_bound(
-    batch: int, n_q_heads: int, n_kv_heads: int, L: int, d: int, dv: int, block: int = DEFAULT_BLOCK
+    batch: int,
+    n_q_heads: int,
+    n_kv_heads: int,
+    L: int,
+    d: int,
+    dv: int,
+    block: int = DEFAULT_BLOCK,
+    align: int = 1,
 ) -> int:
     """Bytes one attention call may hold beyond what the cache stores (see the module doc)."""
+    block = key_block(L, block, align)
     rows = query_block(batch, n_q_heads, L, block)
     scores = batch * n_q_heads * rows * block * 4
     kv_block = batch * n_kv_heads * block * (d + dv) * 4
@@ -120,6 +148,7 @@ def blockwise_attention(
     mask: Any = None,
     block: int = DEFAULT_BLOCK,
     collect: CollectFn | None = None,
+    align: int = 1,
 ) -> mx.array | None:
     """Softmax attention of `queries` [B, Hq, L, D] over `length` stored keys, block by block.
 
@@ -128,10 +157,12 @@ def blockwise_attention(
     is p @ values[start:stop]. `mask` is None, "causal" (queries are the last L positions), an
     array [.., L, length] (bool, or additive) or a MaskFn. `collect(probs, qs, qe, start, stop)`,
     when given, receives the normalized weights [B, Hkv, R, Lq, n] (float32) of every block in a
-    second pass (eviction policies score tokens with them). Returns [B, Hq, L, Dv] in the
+    second pass (eviction policies score tokens with them). `align`: block starts are multiples of
+    it (a decode step's smaller block included). Returns [B, Hq, L, Dv] in the
     queries' dtype, or None when value_fn is None (weights only).
     """
     B, n_q, L, _ = queries.shape
+    block = key_block(L, block, align)
     q_all = group_queries(queries * scale, n_kv_heads)  # [B, Hkv, R, L, D]
     mask_fn = as_mask_fn(mask, L, length)
     rows = query_block(B, n_q, L, block)

@@ -224,8 +224,10 @@ class KIVIRows:
             assert out is not None  # blockwise_attention asks only for non-empty blocks
             return out
 
+        visible = keep if own_mask else mask
+        # align: a (decode) key block may cut the quantized tokens only at a group boundary
         out = blockwise_attention(
-            queries, scale, self.heads, length, score_fn, value_fn, mask=keep if own_mask else mask, block=block
+            queries, scale, self.heads, length, score_fn, value_fn, visible, block, align=self.group
         )
         assert out is not None  # value_fn was given
         return out
