@@ -11,7 +11,7 @@ import pytest
 from veloxd.config.gateway import ASSIGNED_PORTS, assign_port
 from veloxd.gateway.admission import Admit, Refuse, Resident, admit, idle
 from veloxd.gateway.fleet import routing_table
-from veloxd.gateway.memory import Need, default_budget, entry_need, memory_table, render_table
+from veloxd.gateway.memory import Need, default_budget, entry_need, kv_record, memory_table, render_table
 
 MB = 1_000_000
 
@@ -79,6 +79,30 @@ def test_need_is_weights_plus_kv_at_the_context_limit_times_concurrency(tmp_path
     assert measured.weights_source == "loaded" and measured.total == 4000 + int(10.5 * 1000 * 4)
     missing = entry_need(SimpleNamespace(model="someone/not-downloaded", concurrency=1), None)
     assert missing.total is None and missing.weights_source == "unknown" and missing.context_tokens == 4096
+
+
+def test_an_evicting_cache_is_billed_for_what_it_holds_at_the_context_limit(tmp_path: Path) -> None:
+    """READY's kv_memory, not bytes per token x context: a SnapKV entry holds its budget however long
+    the context, and a quantizer's fixed bytes count too."""
+    model = tmp_path / "m"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"max_position_embeddings": 8192}))
+    entry = SimpleNamespace(model=str(model), concurrency=2)
+    ready_kv_memory = {  # the shape of READY's kv_memory (veloxd.kv.footprint) for an evicting method
+        "fixed_bytes": {"method": 0, "fp16": 0},
+        "bytes_per_token": {"method": 4096.0, "fp16": 4096.0},  # probes inside the budget: fp16's rate
+        "capped_bytes": 4_300_000,
+        "at": {"4096": {"method": 4_300_000, "fp16": 16_777_216}, "8192": {"method": 4_300_000, "fp16": 33_554_432}},
+    }
+    measured = {"kv_bytes_per_token": 4096.0, **kv_record(ready_kv_memory)}
+    need = entry_need(entry, measured)
+    assert need.kv_bytes == 2 * 4_300_000  # not 2 x 4096 x 8192
+    other_context = {**measured, "kv_at": {"4096": 4_300_000}}  # no total at 8192: the capped line
+    assert entry_need(entry, other_context).kv_bytes == 2 * 4_300_000
+    quantizer = {"kv_bytes_per_token": 1000.0, "kv_fixed_bytes": 5000}
+    assert entry_need(entry, quantizer).kv_bytes == 2 * (5000 + 1000 * 8192)
+    older = {"kv_bytes_per_token": 1000.0}  # measurements.json from before kv_memory was kept
+    assert entry_need(entry, older).kv_bytes == 2 * 1000 * 8192
 
 
 def test_default_budget_is_a_fraction_of_memory_or_the_smaller_working_set() -> None:

@@ -18,7 +18,7 @@ from veloxd.config.gateway import GATEWAY_NAME
 from veloxd.daemon import messages as m
 from veloxd.daemon.state import ServerState
 from veloxd.daemon.supervisor import Rollout, Supervisor
-from veloxd.gateway.memory import Need, budget_for, entry_need, measurement_key, memory_table
+from veloxd.gateway.memory import Need, budget_for, entry_need, kv_record, measurement_key, memory_table
 
 MEASUREMENTS_FILE = "measurements.json"
 S = ServerState
@@ -59,8 +59,10 @@ class OnDemand:
         entry = server.entry
         kv = (payload.get("kv_bytes_per_token") or {}).get("method")
         memory = payload.get("memory") or {}
-        record = {"kv_bytes_per_token": kv, "weights_bytes": memory.get("weights_bytes")}
+        record: dict[str, Any] = {"kv_bytes_per_token": kv, "weights_bytes": memory.get("weights_bytes")}
         record = {k: v for k, v in record.items() if isinstance(v, (int, float))}
+        if isinstance(payload.get("kv_memory"), dict):
+            record |= kv_record(payload["kv_memory"])
         key = measurement_key(entry.model, entry.method, entry.kv.bits)
         changed = self.measurements.get(key) != record
         if record and changed:

@@ -1,10 +1,14 @@
 """What a server needs in memory, and the budget all running servers share (stdlib and psutil only).
 
-need = weights + KV bytes per token x context tokens x concurrency, where
+need = weights + KV bytes of one sequence at the context limit x concurrency, where
 - weights: the loaded size the worker reported (READY `memory.weights_bytes`), else the size of
   the model's weight files on disk (a local directory or the Hugging Face cache);
-- KV bytes per token: READY's measured `kv_bytes_per_token.method`, remembered per model, method
-  and bits in the state directory (measurements.json); unmeasured: counted as 0 until measured;
+- KV bytes of one sequence: READY's `kv_memory` total at the context limit (derived from the
+  measured fixed bytes, bytes per token and, for eviction methods, the bytes held at the budget),
+  else fixed + bytes per token x context, no more than the capped bytes an evicting cache holds;
+  remembered per model, method and bits in the state directory (measurements.json); unmeasured:
+  counted as 0 until measured. Bytes per token alone would bill an eviction method for a context
+  it never holds;
 - context tokens: the model's `max_position_embeddings` (config.json), else 4096;
 - concurrency: the entry's `concurrency` (the gateway never forwards more requests at once).
 """
@@ -32,9 +36,12 @@ class Need:
     kv_bytes_per_token: float | None
     context_tokens: int
     concurrency: int
+    kv_bytes_per_sequence: int | None = None  # at context_tokens; None: per token x context
 
     @property
     def kv_bytes(self) -> int:
+        if self.kv_bytes_per_sequence is not None:
+            return self.kv_bytes_per_sequence * self.concurrency
         return int((self.kv_bytes_per_token or 0) * self.context_tokens * self.concurrency)
 
     @property
@@ -92,13 +99,38 @@ def entry_need(entry: Any, measured: Mapping[str, Any] | None) -> Need:
         if weights is None:
             source = "unknown"
     kv = measured.get("kv_bytes_per_token")
+    context = context_tokens(entry.model)
     return Need(
         weights_bytes=weights,
         weights_source=source,
         kv_bytes_per_token=float(kv) if isinstance(kv, (int, float)) else None,
-        context_tokens=context_tokens(entry.model),
+        context_tokens=context,
         concurrency=int(entry.concurrency),
+        kv_bytes_per_sequence=kv_bytes_at(measured, context),
     )
+
+
+def kv_record(kv_memory: Mapping[str, Any]) -> dict[str, Any]:
+    """What measurements.json keeps of READY's `kv_memory` (the method's side; see kv_bytes_at)."""
+    record = {
+        "kv_fixed_bytes": (kv_memory.get("fixed_bytes") or {}).get("method"),
+        "kv_capped_bytes": kv_memory.get("capped_bytes"),
+        "kv_at": {n: at["method"] for n, at in (kv_memory.get("at") or {}).items() if isinstance(at, dict)},
+    }
+    return {k: v for k, v in record.items() if v not in (None, {})}
+
+
+def kv_bytes_at(measured: Mapping[str, Any], context: int) -> int | None:
+    """One sequence's KV bytes at `context` tokens from a measurement (None: nothing measured)."""
+    at = measured.get("kv_at") or {}
+    if isinstance(at.get(str(context)), (int, float)):
+        return int(at[str(context)])
+    per_token = measured.get("kv_bytes_per_token")
+    if not isinstance(per_token, (int, float)) or "kv_fixed_bytes" not in measured:
+        return None  # a record from before kv_memory: per token x context, as it always was
+    line = measured["kv_fixed_bytes"] + per_token * context
+    capped = measured.get("kv_capped_bytes")
+    return int(min(line, capped) if isinstance(capped, (int, float)) else line)
 
 
 def memory_table(
