@@ -35,8 +35,9 @@ class ExitCode(enum.IntEnum):
     """How a worker ends; the daemon decides restart or FATAL from it."""
 
     OK = 0  # stopped on SIGTERM/SIGINT, or the lifeline closed
-    INVALID = 2  # bad flags, port in use, a model the method cannot serve: never fixes itself
+    INVALID = 2  # bad flags, a model the method cannot serve: never fixes itself
     FAILED = 3  # the model failed to load or the generation thread died: worth a restart
+    PORT_IN_USE = 4  # another process holds --port: a condition of the world, the daemon waits for it
 
 
 class ProtocolError(ValueError):

@@ -37,6 +37,7 @@ LEGAL = {
     (S.STARTING, S.READY),
     (S.STARTING, S.BACKOFF),
     (S.STARTING, S.FATAL),
+    (S.STARTING, S.WAITING),
     (S.STARTING, S.STOPPING),
     (S.READY, S.BACKOFF),
     (S.READY, S.FATAL),
@@ -99,10 +100,10 @@ def test_old_failures_outside_the_window_do_not_count() -> None:
 
 
 def test_unfixable_failure_is_fatal_at_once() -> None:
-    """Exit code 2 (invalid input, port in use) never retries, even on the first failure."""
+    """Exit code 2 (invalid input) never retries, even on the first failure."""
     policy = RestartPolicy(max_failures=5)
-    decision = after_failure([], 1.0, policy, unfixable="port 8080 is in use")
-    assert decision == GiveUp(reason="port 8080 is in use", failures=1)
+    decision = after_failure([], 1.0, policy, unfixable="cannot serve plamo2 with method affine")
+    assert decision == GiveUp(reason="cannot serve plamo2 with method affine", failures=1)
 
 
 def test_debounce_waits_for_quiet_but_not_forever() -> None:

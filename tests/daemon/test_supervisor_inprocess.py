@@ -22,6 +22,7 @@ from structlog.testing import capture_logs
 
 from tests.fixtures.daemon_harness import FAKE_MODEL
 from tests.support import free_port
+from veloxd import protocol
 from veloxd.config import Config
 from veloxd.config.model import ServerEntry
 from veloxd.config.plan import diff
@@ -375,3 +376,22 @@ def test_a_port_taken_by_a_stranger_waits_without_spawning_then_starts_once_free
         holder.close()
     supervisor.tick(1.0)
     assert server.state is S.STARTING and len(spawner.children) == 1
+
+
+def test_a_port_taken_between_the_check_and_the_bind_waits_too(supervisor, spawner, events) -> None:
+    """The port was free when the daemon looked and taken when the worker bound it (exit 4): the
+    same WAITING as a port found taken before spawning, no failure counted, started again later."""
+    a = make_entry("a", free_port())
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    server = supervisor.servers["a"]
+    spawn_id, child = spawner.latest("a")
+    child.returncode = protocol.ExitCode.PORT_IN_USE
+    supervisor.on_message(m.ChildExited("a", spawn_id, child.returncode), 1.0)
+    assert server.state is S.WAITING and server.fatal_reason is None and server.snapshot()["failures"] == 0
+    assert server.snapshot()["waiting_reason"] == f"port {a.port} on 127.0.0.1 is in use"  # no error line: ours
+    waiting = next(e for e in events if e["event"] == "server_waiting")
+    assert waiting["conditions"][0]["kind"] == "port"
+    supervisor.tick(2.0)  # the recheck finds the port free: a new worker
+    assert server.state is S.STARTING and len(spawner.children) == 2
+    bring_up(supervisor, spawner, "a", 3.0)
+    assert server.state is S.READY

@@ -25,6 +25,7 @@ SHAPES = [(1, 64), (2, 96), (4, 128), (7, 96), (8, 64), (16, 128)]
 EVICTION = [m for m in registry.names() if registry.get(m).family == "eviction"]
 # d 96 is not a multiple of the 64-element default groups of affine and QJL's values
 GROUPS_96 = {"affine": {"affine_group_size": 32}, "qjl": {"qjl_value_group_size": 32}}
+GROUPS_96 |= {h.name: GROUPS_96["affine"] for h in registry.HYBRIDS}  # policies over affine codes
 CASES = [
     pytest.param(m, g, d, GROUPS_96.get(m, {}) if d == 96 else {}, id=f"{m}-gqa{g}-d{d}")
     for m in registry.names()

@@ -28,6 +28,7 @@ METHODS = [m for m in registry.names() if m != "fp16"]
 EVICTION = [m for m in METHODS if registry.get(m).family == "eviction"]
 # d 96 is not a multiple of the 64-element default groups of affine and QJL's values
 GROUPS_96 = {"affine": {"affine_group_size": 32}, "qjl": {"qjl_value_group_size": 32}}
+GROUPS_96 |= {h.name: GROUPS_96["affine"] for h in registry.HYBRIDS}  # policies over affine codes
 CASES = [
     pytest.param(m, g, d, id=f"{m}-gqa{g}-d{d}") for m in METHODS for g in (1, 2, 4, 7, 8, 16) for d in (64, 96, 128)
 ]

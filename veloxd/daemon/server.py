@@ -37,9 +37,7 @@ EVENT_FOR_STATE = {
     S.STOPPING: "server_stopping",
     S.STOPPED: "server_stopped",
 }
-UNFIXABLE_EXIT = (
-    protocol.ExitCode.INVALID
-)  # the worker's "invalid input or port in use", the download's "not found, gated...": final
+UNFIXABLE_EXIT = protocol.ExitCode.INVALID  # the worker's "invalid input", the download's "not found, gated...": final
 
 
 class Spawner(Protocol):
@@ -257,6 +255,13 @@ class ServerProcess:
             return
         if self.state not in (S.STARTING, S.READY):
             return
+        if self.state is S.STARTING and returncode == protocol.ExitCode.PORT_IN_USE and not self._timed_out:
+            # Free when the daemon looked, taken when the worker bound it: the port's holder is the
+            # world's doing, so wait for it as the check before spawning would have (no failure counted).
+            said = self.last_exit.get("error") or f"port {self.entry.port} on {self.entry.host} is in use"
+            where = {"host": self.entry.host, "port": self.entry.port, "method": self.entry.method}
+            self._wait(now, [Condition("port", ("port",), said)], model=self.entry.model, **where)
+            return
         reason = "ready_timeout" if self._timed_out else "exited"
         stderr = [line for line in tail.get("stderr", []) if line.strip()]
         exit_text = describe_exit(returncode)
@@ -269,7 +274,7 @@ class ServerProcess:
             unfixable = (
                 f"worker exited with code 2: {said}"
                 if said
-                else ("worker exited with code 2 (invalid input or port in use; see last_lines)")
+                else ("worker exited with code 2 (invalid input; see last_lines)")
             )
         self._fail(now, reason, unfixable, last_lines=tail)
 

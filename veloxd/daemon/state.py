@@ -34,8 +34,9 @@ TRANSITIONS: Final[Mapping[ServerState, frozenset[ServerState]]] = {
     S.DOWNLOADING: frozenset({S.STARTING, S.WAITING, S.BACKOFF, S.FATAL, S.STOPPING}),
     # WAITING -> STARTING (or DOWNLOADING) once its condition cleared (a watch or the recheck schedule).
     S.WAITING: frozenset({S.DOWNLOADING, S.STARTING, S.STOPPING}),
-    # STARTING -> READY needs the READY line and /health 200; FATAL = unfixable (exit 2).
-    S.STARTING: frozenset({S.READY, S.BACKOFF, S.FATAL, S.STOPPING}),
+    # STARTING -> READY needs the READY line and /health 200; FATAL = unfixable (exit 2); WAITING =
+    # the worker found its port taken after the daemon's check (exit 4).
+    S.STARTING: frozenset({S.READY, S.BACKOFF, S.FATAL, S.WAITING, S.STOPPING}),
     S.READY: frozenset({S.BACKOFF, S.FATAL, S.STOPPING}),  # unexpected exit
     S.BACKOFF: frozenset({S.DOWNLOADING, S.STARTING, S.WAITING, S.STOPPING}),  # delay over, or stopped meanwhile
     S.FATAL: frozenset({S.STOPPING}),  # only a config change or `veloxd restart NAME` leaves it

@@ -39,6 +39,11 @@ class MethodInfo:
     servable: bool = True
     parts: tuple[str, ...] = ()  # hybrid: (eviction policy, quantizer holding its retained tokens)
 
+    @property
+    def evicts(self) -> bool:
+        """Holds at most a budget of tokens (an eviction policy, alone or over a quantized store)."""
+        return self.family in ("eviction", "hybrid")
+
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["bits_choices"] = list(self.bits_choices)

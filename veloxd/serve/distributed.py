@@ -214,7 +214,7 @@ def serve_rank(options: ServeOptions) -> int:
         return stopper.code or 0
     handle = bind_server(options, provider, model_id, names)
     if handle is None:
-        return 2
+        return protocol.ExitCode.PORT_IN_USE
     stopper.handle = handle
     threading.Thread(target=watch_generation, args=(handle.generator, stopper), daemon=True).start()
     if stopper.code is None:

@@ -23,6 +23,10 @@ class UsageError(ValueError):
     """A user mistake in the worker's flags; the message names the flag or field."""
 
 
+class PortInUse(UsageError):
+    """--port is held by another process: not the flag's fault, and it may clear (exit PORT_IN_USE)."""
+
+
 @dataclass(frozen=True)
 class ServeOptions:
     model: str
@@ -143,7 +147,7 @@ def check_port_free(host: str, port: int) -> None:
         try:
             probe.bind(address)
         except OSError as err:
-            raise UsageError(f"--port {port}: port {port} on {host} is already in use ({err.strerror})") from None
+            raise PortInUse(f"--port {port}: port {port} on {host} is already in use ({err.strerror})") from None
 
 
 def build_options(args: Any) -> ServeOptions:

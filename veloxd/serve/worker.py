@@ -175,7 +175,7 @@ def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
     )
     handle = bind_server(options, provider, model_id, names)
     if handle is None:
-        return ExitCode.INVALID
+        return ExitCode.PORT_IN_USE
     stopper.handle = handle
     if stopper.code is not None:  # the lifeline closed while loading: the timer ends us anyway
         return stopper.code
