@@ -54,13 +54,24 @@ def run_veloxd(*args: str, env: dict[str, str] | None = None, timeout: float = 6
     return subprocess.run(veloxd_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
 
 
+# A worker command that records mlx_lm's batch moves on stderr (tests/fixtures/batch_recorder.py).
+BATCH_RECORDER = REPO / "tests" / "fixtures" / "batch_recorder.py"
+BATCH_PREFIX = "VELOXD_TEST_BATCH "
+
+
 class Worker:
-    """A real `veloxd serve` process; collects stdout/stderr lines, exposes the READY payload."""
+    """A real `veloxd serve` process; collects stdout/stderr lines, exposes the READY payload.
+    With record_batches, it runs through BATCH_RECORDER: `batches()` lists mlx_lm's batch moves."""
 
     ready_prefix = READY_PREFIX
 
-    def __init__(self, *args: str, env: dict[str, str] | None = None) -> None:
-        self._start(veloxd_cmd("serve", *args), env)
+    def __init__(self, *args: str, env: dict[str, str] | None = None, record_batches: bool = False) -> None:
+        program = [sys.executable, str(BATCH_RECORDER)] if record_batches else veloxd_cmd()
+        self._start([*program, "serve", *args], env)
+
+    def batches(self) -> list[dict[str, Any]]:
+        """Each batch mlx_lm built or grew: {"caches": [layer cache classes], "rows": n}."""
+        return [json.loads(line[len(BATCH_PREFIX) :]) for line in self.stderr if line.startswith(BATCH_PREFIX)]
 
     def _start(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         self.proc = subprocess.Popen(

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.config_support import FIELD_CASES, VALID, write_config
+from tests.config_support import FIELD_CASES, VALID, entry, write_config
 from tests.support import REPO, run_reporting_imports
 from veloxd.config import config_to_dict, load_config
 
@@ -197,3 +197,31 @@ def test_plan_of_an_invalid_file_exits_1(tmp_path: Path) -> None:
     done = veloxd("plan", str(path), "--state-dir", str(tmp_path / "state"))
     assert done.returncode == 1 and done.stdout == ""
     assert LINE.match(done.stderr.splitlines()[0]) and "did you mean 'h2o'?" in done.stderr
+
+
+HYBRID_MISTAKES = {
+    # a pair the registry does not implement: the field, and why (registry.unknown_method)
+    "method: snapkv_kivi": (
+        "$.servers.coder.method",
+        "unknown method 'snapkv_kivi': snapkv over kivi storage is not implemented: KIVI quantizes keys per channel",
+        "(implemented: snapkv_affine)",
+    ),
+    # a setting of neither part (snapkv, affine)
+    "method: snapkv_affine\noverrides: {h2o_budget: 64}": (
+        "$.servers.coder.overrides.h2o_budget",
+        "h2o_budget applies to method",
+        "not snapkv_affine",
+    ),
+}
+
+
+@pytest.mark.parametrize("body", HYBRID_MISTAKES, ids=["unimplemented-pair", "field-of-neither-part"])
+def test_check_refuses_a_bad_hybrid_entry_by_field_and_reason_without_loading_mlx(tmp_path: Path, body: str) -> None:
+    path = write_config(tmp_path, entry(f"model: ./model\nport: 8081\n{body}"), dedent=False)
+    done, heavy = run_reporting_imports("check", str(path))
+    assert done.returncode == 1 and heavy == [], (done.stderr, heavy)
+    (line,) = done.stderr.splitlines()
+    found = LINE.match(line)
+    assert found, line
+    where, *reasons = HYBRID_MISTAKES[body]
+    assert found["path"] == where and all(reason in found["message"] for reason in reasons), line

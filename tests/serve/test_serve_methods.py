@@ -1,4 +1,5 @@
-"""Every registered method serves end to end through `veloxd serve` (no crash tier, no fallback)."""
+"""Every registered method serves end to end through `veloxd serve` (no crash tier, no fallback),
+two concurrent requests in one batch of its own batch cache class."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import pytest
 
 from tests.support import Worker, free_port, http_json
 from veloxd.kv import registry
+from veloxd.kv.factory import cache_class
 
 pytestmark = pytest.mark.slow
 
@@ -38,7 +40,8 @@ def test_every_compressed_method_has_serve_settings():
 @pytest.mark.parametrize("method", sorted(SETTINGS))
 def test_method_serves_end_to_end(tiny_model, method):
     info = registry.get(method)
-    worker = Worker("--model", str(tiny_model), "--method", method, "--port", str(free_port()), *SETTINGS[method])
+    flags = ("--model", str(tiny_model), "--method", method, "--port", str(free_port()), *SETTINGS[method])
+    worker = Worker(*flags, record_batches=True)
     try:
         ready = worker.ready()
         assert ready["method"] == method and ready["storage"] == info.storage
@@ -67,6 +70,15 @@ def test_method_serves_end_to_end(tiny_model, method):
         assert [status for status, _ in results] == [200, 200], results
         assert all(reply["usage"]["completion_tokens"] == 12 for _, reply in results)
         assert not any("Traceback" in line for line in worker.stderr), worker.stderr[-30:]
+        # mlx_lm's batched path, with this method's batch class in every layer (never fp16's
+        # BatchKVCache), held both requests at once; a method that does not batch never enters it
+        batches = worker.batches()
+        if not info.batchable:
+            assert not batches, batches
+            return
+        assert batches, worker.stderr[-30:]
+        assert all(b["caches"] == [cache_class(method).batch_class.__name__] for b in batches), batches
+        assert max(b["rows"] for b in batches) == 2, batches
     finally:
         assert worker.stop() == 0
 
