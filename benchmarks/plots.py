@@ -20,15 +20,15 @@ STYLE = {
 }
 
 
-def pareto_plot(rows: list[dict[str, Any]], title: str, note: str, out: Path) -> Path:
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+def draw(ax: Any, rows: list[dict[str, Any]]) -> list[str]:
+    """Scatter `rows` on `ax` by family (one colour, marker and legend entry each), labels bold on
+    the Pareto front, the front as a dashed step line; returns the front's labels. Rows lacking
+    either figure are left out."""
     rows = [r for r in rows if r.get("stored_vs_fp16") is not None and r.get("kl_mean") is not None]
-    on_front = set(front(rows))
-    fig, ax = plt.subplots(figsize=(9, 6))
+    unstyled = {r["family"] for r in rows} - set(STYLE)
+    if unstyled:  # a family without a style would be annotated but never scattered nor in the legend
+        raise ValueError(f"no plot style for famil{'ies' if len(unstyled) > 1 else 'y'} {sorted(unstyled)}")
+    on_front = front(rows)
     for family, (color, marker) in STYLE.items():
         mine = [r for r in rows if r["family"] == family]
         if mine:
@@ -60,6 +60,17 @@ def pareto_plot(rows: list[dict[str, Any]], title: str, note: str, out: Path) ->
         linewidth=1,
         label="Pareto front",
     )
+    return on_front
+
+
+def pareto_plot(rows: list[dict[str, Any]], title: str, note: str, out: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(9, 6))
+    draw(ax, rows)
     ax.set_yscale("log")
     ax.set_xlabel("stored bytes per token / fp16 cache")
     ax.set_ylabel("mean KL(fp16 || method) of next-token distributions (nats)")
