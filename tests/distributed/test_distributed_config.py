@@ -11,8 +11,9 @@ import pytest
 from tests.config_support import entry, issues, only_issue, write_config
 from tests.support import run_veloxd
 from veloxd.config import inspect_config
-from veloxd.config.model import ServerEntry, config_from_dict, config_to_dict
+from veloxd.config.model import ServerEntry
 from veloxd.config.plan import diff
+from veloxd.config.roundtrip import config_from_dict, config_to_dict
 from veloxd.distributed.command import describe, group_argv
 from veloxd.distributed.rank_lines import split_rank, tag
 

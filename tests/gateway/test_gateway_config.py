@@ -101,7 +101,7 @@ def test_aliases_idle_budget_and_auth_change_live_and_host_port_restart_the_gate
 
 
 def test_state_file_round_trip_keeps_the_gateway(tmp_path: Path) -> None:
-    from veloxd.config.model import config_from_dict, config_to_dict
+    from veloxd.config.roundtrip import config_from_dict, config_to_dict
 
     config = load_config(write_config(tmp_path, BASE))
     again = config_from_dict(config_to_dict(config))

@@ -73,7 +73,7 @@ def run_check(args: argparse.Namespace) -> int:
         )
     elif result.config is not None and args.effective:
         from veloxd.config.dump import dump_yaml
-        from veloxd.config.model import config_to_dict
+        from veloxd.config.roundtrip import config_to_dict
 
         document = config_to_dict(result.config)
         header = f"# effective config of {document.pop('source')} (sha256 {document.pop('sha256')})\n"
@@ -193,7 +193,7 @@ def _dashboard_change(old: Any, new: Any) -> str | None:
 
 def _redacted(config: Any) -> Any:
     """The file's config with secrets redacted as the state file has them, so they compare equal."""
-    from veloxd.config.model import config_from_dict, config_to_dict
+    from veloxd.config.roundtrip import config_from_dict, config_to_dict
     from veloxd.config.secrets import redact_config
 
     return config_from_dict(redact_config(config_to_dict(config)))
@@ -201,7 +201,7 @@ def _redacted(config: Any) -> Any:
 
 def _applied_config(state_dir: Path) -> tuple[Any, str]:
     """The config the running daemon applied (from its state file), and a note saying what was compared."""
-    from veloxd.config.model import config_from_dict
+    from veloxd.config.roundtrip import config_from_dict
 
     state = _optional("veloxd.daemon.statefile", "read_state", "veloxd.daemon.state")
     state = state(state_dir) if state else None

@@ -7,15 +7,8 @@ from __future__ import annotations
 
 from veloxd.config.errors import ConfigError, ConfigIssue
 from veloxd.config.loader import inspect_config, load_config
-from veloxd.config.model import (
-    Config,
-    PromptCache,
-    RestartPolicy,
-    Sampling,
-    ServerEntry,
-    config_from_dict,
-    config_to_dict,
-)
+from veloxd.config.model import Config, PromptCache, RestartPolicy, Sampling, ServerEntry
+from veloxd.config.roundtrip import config_from_dict, config_to_dict
 
 __all__ = [
     "Config",

@@ -14,7 +14,8 @@ from veloxd.config.gateway_checks import (
     check_routing,
     with_assigned_ports,
 )
-from veloxd.config.model import VERSION, Config, ServerEntry, dashboard_from_dict
+from veloxd.config.model import VERSION, Config, ServerEntry
+from veloxd.config.roundtrip import dashboard_from_dict
 from veloxd.config.semantic import check_dashboard, check_entry, endpoint_conflicts
 from veloxd.config.source import SourceProblem, read_source
 from veloxd.config.validate import locate, schema_issues

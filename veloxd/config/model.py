@@ -1,7 +1,8 @@
 """The typed config: frozen dataclasses holding every default and key description (the schema reads them).
 
-Also the worker command line of an entry (`serve_argv`), what a restart depends on
-(`process_key`), and the exact dict round trip used by the daemon's state file.
+An entry's worker command line is built in veloxd.config.argv (`serve_argv`); what a restart
+depends on (`process_key`) and the exact dict round trip of the daemon's state file are in
+veloxd.config.roundtrip. The methods here delegate to them.
 """
 
 from __future__ import annotations
@@ -11,9 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import MISSING, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from veloxd import protocol
 from veloxd.checks import HOST_PATTERN, SIZE_HELP, SIZE_PATTERN, parse_size
-from veloxd.kv.config import OWN_KEYS, KVCacheConfig, fields_for
+from veloxd.config.argv import serve_argv
+from veloxd.kv.config import KVCacheConfig
 
 if TYPE_CHECKING:
     from veloxd.config.gateway import Gateway
@@ -335,61 +336,32 @@ class ServerEntry:
 
     def serve_argv(self) -> list[str]:
         """The flags of `veloxd serve` that run this entry (without the program name)."""
-        s, pc, lim = self.sampling, self.prompt_cache, self.limits
-        argv = ["--model", self.model, protocol.KV_JSON_FLAG, protocol.kv_document(self.kv.to_dict())]
-        argv += ["--host", self.host, "--port", str(self.port)]
-        if self.adapter_path:
-            argv += ["--adapter-path", self.adapter_path]
-        argv += ["--max-tokens", str(s.max_tokens), "--temp", str(s.temp), "--top-p", str(s.top_p)]
-        argv += ["--prompt-cache-size", str(pc.size)]
-        if pc.bytes is not None:
-            argv += ["--prompt-cache-bytes", str(pc.bytes)]
-        if lim.max_tokens is not None:
-            argv += ["--limit-max-tokens", str(lim.max_tokens)]
-        if lim.max_prompt_tokens is not None:
-            argv += ["--limit-max-prompt-tokens", str(lim.max_prompt_tokens)]
-        argv += ["--request-body-timeout", str(lim.request_body_timeout_s), "--max-body-bytes", str(lim.max_body_bytes)]
-        if self.api_key_env:
-            argv += ["--api-key-env", self.api_key_env]
-        argv += ["--served-name", self.name]  # the gateway forwards requests under the entry's name
-        return argv
+        return serve_argv(self)
 
     def process_key(self) -> dict[str, Any]:
         """Flat `{key: value}` of everything whose change needs a restart (JSON-serialisable)."""
-        return _flat_keys(self, live=False)
+        from veloxd.config.roundtrip import flat_keys
+
+        return flat_keys(self, live=False)
 
     def live_key(self) -> dict[str, Any]:
         """Flat `{key: value}` of what can change while the server runs."""
-        return _flat_keys(self, live=True)
+        from veloxd.config.roundtrip import flat_keys
+
+        return flat_keys(self, live=True)
 
     def to_dict(self) -> dict[str, Any]:
         """The entry as YAML-shaped plain data, defaults included; valid against the schema."""
-        out: dict[str, Any] = {}
-        for f in yaml_fields(ServerEntry):
-            value = getattr(self, f.name)
-            if "kv" in f.metadata:
-                out.update(_kv_to_dict(value))
-            elif "section" in f.metadata:
-                out[f.name] = None if value is None else _section_to_dict(value)
-            else:
-                out[f.name] = _plain(value)
-        return out
+        from veloxd.config.roundtrip import entry_to_dict
+
+        return entry_to_dict(self)
 
     @classmethod
     def from_dict(cls, name: str, data: Mapping[str, Any]) -> ServerEntry:
         """Build from YAML-shaped data (schema-valid); ValueError when the KV settings are invalid."""
-        kwargs: dict[str, Any] = {"name": name}
-        for f in yaml_fields(cls):
-            if "kv" in f.metadata:
-                kwargs["kv"] = _kv_from_dict(data)
-            elif f.name in data and "section" in f.metadata:
-                given = data[f.name]
-                if given is None and f.metadata.get("optional"):
-                    continue
-                kwargs[f.name] = _section_from_dict(f.metadata["section"], given or {})
-            elif f.name in data:
-                kwargs[f.name] = _coerce(f, data[f.name])
-        return cls(**kwargs)
+        from veloxd.config.roundtrip import entry_from_dict
+
+        return entry_from_dict(name, data, cls)
 
 
 @dataclass(frozen=True)
@@ -455,118 +427,3 @@ class Config:
 def yaml_fields(cls: type) -> tuple[dataclasses.Field, ...]:
     """The dataclass fields that are YAML keys (or, for `kv`, stand for method/bits/seed/overrides)."""
     return tuple(f for f in dataclasses.fields(cls) if f.metadata)
-
-
-def config_to_dict(config: Config) -> dict[str, Any]:
-    """Plain data for the state file; `config_from_dict` inverts it exactly."""
-    out = {
-        "version": config.version,
-        "source": config.source,
-        "sha256": config.sha256,
-        "servers": {name: entry.to_dict() for name, entry in config.servers.items()},
-        **({"gateway": config.gateway.to_dict()} if config.gateway is not None else {}),
-    }
-    if config.dashboard is not None:  # absent means none: an explicit null would not validate
-        out["dashboard"] = dataclasses.asdict(config.dashboard)
-    return out
-
-
-def config_from_dict(data: Mapping[str, Any]) -> Config:
-    """Inverse of `config_to_dict` (no file-system checks); ValueError when `data` is malformed."""
-    from veloxd.config.gateway import Gateway
-
-    try:
-        servers = {name: ServerEntry.from_dict(name, entry) for name, entry in data["servers"].items()}
-        gateway = Gateway.from_dict(data["gateway"]) if data.get("gateway") is not None else None
-        return Config(
-            version=int(data["version"]),
-            servers=servers,
-            source=str(data["source"]),
-            sha256=str(data["sha256"]),
-            dashboard=dashboard_from_dict(data.get("dashboard")),
-            gateway=gateway,
-        )
-    except (KeyError, TypeError, AttributeError) as err:
-        raise ValueError(f"malformed config data: {type(err).__name__}: {err}") from None
-
-
-def dashboard_from_dict(data: Mapping[str, Any] | None) -> Dashboard | None:
-    """The `dashboard:` block from schema-valid data; None when absent."""
-    return None if data is None else _section_from_dict(Dashboard, data)
-
-
-def _kv_to_dict(kv: KVCacheConfig) -> dict[str, Any]:
-    out: dict[str, Any] = {"method": kv.method}
-    out.update({own: getattr(kv, own) for own in OWN_KEYS if own in fields_for(kv.method)})
-    out["overrides"] = kv.overrides()
-    return out
-
-
-def _kv_from_dict(data: Mapping[str, Any]) -> KVCacheConfig:
-    values: dict[str, Any] = {"method": data["method"]}
-    values.update(data.get("overrides") or {})
-    for own in OWN_KEYS:
-        if data.get(own) is not None:
-            values[own] = data[own]
-    for name, value in values.items():
-        if isinstance(value, float) and value.is_integer():
-            values[name] = int(value)  # JSON Schema's "integer" admits 32.0
-    return KVCacheConfig.from_dict(values)
-
-
-def _section_from_dict(cls: type, data: Mapping[str, Any]) -> Any:
-    """A section from schema-valid data: the keys given, coerced; the others keep their defaults."""
-    return cls(**{f.name: _coerce(f, data[f.name]) for f in yaml_fields(cls) if f.name in data})
-
-
-def _coerce(f: dataclasses.Field, value: Any) -> Any:
-    """Normalise a schema-valid value to the field's Python type (32.0 -> 32 for integers, 1 -> 1.0 for numbers)."""
-    if f.metadata.get("convert"):
-        return f.metadata["convert"](value)
-    kind = f.metadata["schema"].get("type")
-    if value is None or isinstance(value, bool):
-        return value
-    if kind == "integer" and isinstance(value, float) and value.is_integer():
-        return int(value)
-    if kind == "number" and isinstance(value, int):
-        return float(value)
-    if isinstance(value, Mapping):
-        return dict(value)
-    return value
-
-
-def _flat_keys(entry: ServerEntry, *, live: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for f in yaml_fields(ServerEntry):
-        if f.metadata.get("live", False) != live:
-            continue
-        value = getattr(entry, f.name)
-        if "kv" in f.metadata:
-            for name, setting in value.to_dict().items():
-                out[name if name == "method" or name in OWN_KEYS else f"overrides.{name}"] = setting
-        elif "section" in f.metadata:
-            if value is None:
-                out[f.name] = None
-            else:
-                out.update({f"{f.name}.{k}": v for k, v in _section_to_dict(value).items()})
-        elif isinstance(value, Mapping):
-            out.update({f"{f.name}.{k}": value[k] for k in sorted(value)})
-        else:
-            out[f.name] = value
-    return out
-
-
-def _section_to_dict(value: Any) -> dict[str, Any]:
-    """A section as YAML-shaped data, key by key."""
-    return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
-
-
-def _plain(value: Any) -> Any:
-    """A key's value as YAML-shaped data: tuples as lists, mappings as dicts."""
-    return list(value) if isinstance(value, tuple) else dict(value) if isinstance(value, Mapping) else value
-
-
-def _flag_text(value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    return "none" if value is None else str(value)

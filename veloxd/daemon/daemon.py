@@ -330,7 +330,7 @@ class Daemon:
         }
 
     def _config_as_dict(self) -> dict[str, Any] | None:
-        from veloxd.config.model import config_to_dict
+        from veloxd.config.roundtrip import config_to_dict
         from veloxd.config.secrets import redact_config
 
         if self._config_dict[0] is not self.config:  # convert once per accepted config
