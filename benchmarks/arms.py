@@ -94,6 +94,15 @@ def quantizer_arms(quick: bool) -> list[Arm]:
             for b in (2, 3, 4):
                 arms.append(Arm(f"affine-rot-{b}", "affine", "quantization", b, {"affine_rotate": True}))
             arms.append(Arm("affine-k8v4", "affine", "quantization", 4, {"affine_key_bits": 8}))
+            # the recent window's share of the KL: the same codes without it
+            arms.append(
+                Arm("affine-rot-4-w0", "affine", "quantization", 4, {"affine_rotate": True, "recent_window": 0})
+            )
+        if info.name == "turboquant_mse" and not quick:
+            # mixed widths: keys weigh more in the scores (4-bit keys, 3-bit values), window sizes
+            for window, suffix in ((32, ""), (16, "-w16"), (0, "-w0")):
+                settings = {"turboquant_key_bits": 4, "recent_window": window}
+                arms.append(Arm(f"turboquant_mse-3-k4{suffix}", info.name, "quantization", 3, settings))
     return arms
 
 

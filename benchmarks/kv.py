@@ -57,6 +57,11 @@ class Plan:
             "kivi-2",
             "kivi-4",
             "turboquant_mse-3",
+            "turboquant_mse-4",
+            "turboquant_mse-3-k4",
+            "turboquant_mse-3-k4-w16",
+            "turboquant_mse-3-k4-w0",
+            "affine-rot-4-w0",
             "turboquant_prod-3",
             "qjl-4",
         )

@@ -107,7 +107,8 @@ def stored_bits_per_element(config: KVCacheConfig, n: int = 512) -> tuple[float,
     keys, values = kv(n, seed=6)
     cache = new_cache(config)
     cache.update_and_fetch(keys, values)
-    held = sum(a.nbytes for a in cache.state[1:]) * 8
+    codes = cache.state[1 : 1 + len(cache.codec.fields)]  # per-token arrays (the recent window is fixed bytes)
+    held = sum(a.nbytes for a in codes) * 8
     elements = HEADS * n * (DIM + DIM)
     return held / elements, cache.codec.bits_per_element
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from veloxd.kv import KVCacheConfig, registry
-from veloxd.kv.config import OWN_KEYS, fields_for, override_fields_for, parse_value, settings
+from veloxd.kv.config import OWN_KEYS, SHARED, fields_for, override_fields_for, parse_value, settings
 
 
 def test_defaults_resolve_bits_per_method():
@@ -79,7 +79,7 @@ def test_every_field_has_complete_metadata_and_a_valid_default():
         assert meta["methods"] and set(meta["methods"]) <= names, f.name
         if meta["choices"] is not None and f.default is not None:
             assert f.default in meta["choices"], f.name
-        if f.name not in OWN_KEYS:
+        if f.name not in (*OWN_KEYS, *SHARED):
             # a hybrid method (snapkv_affine) takes the settings of its parts, each with its prefix
             prefixes = [{p.split("_")[0] for p in registry.parts(m)} for m in meta["methods"]]
             assert all(any(f.name.startswith(p) for p in ps) for ps in prefixes), f"{f.name} lacks its method prefix"
@@ -89,7 +89,8 @@ def test_registry_fields_are_derived_from_config_metadata():
     assert fields_for("kivi") == ("bits", "kivi_group_size", "kivi_residual_length")
     assert fields_for("fp16") == ()
     assert "seed" in fields_for("turboquant_mse") and "seed" not in fields_for("kivi")
-    assert override_fields_for("affine") == ("affine_group_size", "affine_key_bits", "affine_rotate")
+    assert override_fields_for("affine") == ("recent_window", "affine_group_size", "affine_key_bits", "affine_rotate")
+    assert "recent_window" in override_fields_for("qjl") and "recent_window" not in fields_for("kivi")
 
 
 def test_registry_flags_are_honest_values():

@@ -19,6 +19,9 @@ from veloxd.kv import registry
 OWN_KEYS = ("bits", "seed")
 TURBOQUANT = ("turboquant_mse", "turboquant_prod")
 SEEDED = (*registry.with_hybrids("affine"), "turboquant_mse", "turboquant_prod", "qjl")
+WINDOWED = ("affine", "turboquant_mse", "turboquant_prod", "qjl")  # the per-token codecs (TokenQuantCache)
+# Settings of several methods that mean the same for each: in `overrides`, with no method prefix.
+SHARED = ("recent_window",)
 
 
 class KVConfigError(ValueError):
@@ -74,6 +77,15 @@ class KVCacheConfig:
         maximum=2**31 - 1,
         help="Seed for random rotations and sketches (layer i uses seed + i).",
     )
+    recent_window: int = setting(
+        32,
+        methods=WINDOWED,
+        kind=int,
+        minimum=0,
+        maximum=4096,
+        help="Newest tokens also kept in full precision, read instead of their codes (0: none); costs "
+        "recent_window x (D + Dv) x 2 bytes per layer and KV head.",
+    )
     # --- affine: per-token affine groups (mx.quantize triples) ---
     affine_group_size: int = setting(
         64,
@@ -120,6 +132,14 @@ class KVCacheConfig:
         minimum=0,
         maximum=512,
         help="Rotated channels given one extra bit (fractional rates, e.g. 32 of 128 at 3 bits = 3.25); a multiple of 32.",
+    )
+    turboquant_key_bits: int | None = setting(
+        None,
+        methods=TURBOQUANT,
+        kind=int,
+        choices=(2, 3, 4),
+        nullable=True,
+        help="Bit width of keys when it differs from values (keys weigh more in the attention scores: e.g. 4-bit keys, 3-bit values).",
     )
     turboquant_codebook: str = setting(
         "lloyd_max",

@@ -74,7 +74,7 @@ _SINGLE: tuple[MethodInfo, ...] = (  # the baseline, the quantizers, the evictio
         impl="veloxd.kv.quant.affine:AffineCache",
         bits_choices=(2, 3, 4, 6, 8),
         default_bits=4,
-        deviations="Values are never rotated (QuaRot folds their rotation into model weights); one rotation per layer from seed + layer index; fp16 scales and biases (bits + 32/group_size bits per element).",
+        deviations="Values are never rotated (QuaRot folds their rotation into model weights); one rotation per layer from seed + layer index; fp16 scales and biases (bits + 32/group_size bits per element). The newest recent_window tokens are also kept exact and read instead of their codes by every query within that distance (a KIVI-style residual window over any per-token codec: veloxd.kv.quant.window); after a trim of n tokens the n oldest window slots read codes until new tokens arrive.",
     ),
     MethodInfo(
         name="kivi",
@@ -100,7 +100,7 @@ _SINGLE: tuple[MethodInfo, ...] = (  # the baseline, the quantizers, the evictio
         impl="veloxd.kv.quant.turboquant:TurboQuantMSECache",
         bits_choices=(2, 3, 4),
         default_bits=4,
-        deviations="Randomized Hadamard rotation instead of a dense random orthogonal matrix; the fp16 per-vector scalar is the norm re-corrected for the decoded vector's norm (the paper stores the plain norm); outlier channels are the first turboquant_outlier_channels rotated channels given one more bit (the paper splits channels found before rotation); Lloyd-Max attention decodes codes per key chunk (~2.5-3x fp16 attention time on CPU); turboquant_codebook: uniform uses evenly spaced levels and quantized_matmul instead. Bits per element: bits + outliers/d + 16/d.",
+        deviations="Randomized Hadamard rotation instead of a dense random orthogonal matrix; the fp16 per-vector scalar is the norm re-corrected for the decoded vector's norm (the paper stores the plain norm); outlier channels are the first turboquant_outlier_channels rotated channels given one more bit (the paper splits channels found before rotation); Lloyd-Max attention decodes codes per key chunk (~2.5-3x fp16 attention time on CPU); turboquant_codebook: uniform uses evenly spaced levels and quantized_matmul instead. Bits per element: bits + outliers/d + 16/d; turboquant_key_bits gives keys their own width. The newest recent_window tokens are also kept exact and read instead of their codes by every query within that distance (a KIVI-style residual window over any per-token codec: veloxd.kv.quant.window); after a trim of n tokens the n oldest window slots read codes until new tokens arrive.",
     ),
     MethodInfo(
         name="turboquant_prod",
@@ -113,7 +113,7 @@ _SINGLE: tuple[MethodInfo, ...] = (  # the baseline, the quantizers, the evictio
         impl="veloxd.kv.quant.turboquant:TurboQuantProdCache",
         bits_choices=(2, 3, 4),
         default_bits=4,
-        deviations="As turboquant_mse; the residual sketch S is a d x d Gaussian per layer (seed + layer index), fp16 residual norm. Keys (bits-1) + 1 + outliers/d + 32/d bits per element, values bits + outliers/d + 16/d.",
+        deviations="As turboquant_mse; the residual sketch S is a d x d Gaussian per layer (seed + layer index), fp16 residual norm. Keys (bits-1) + 1 + outliers/d + 32/d bits per element, values bits + outliers/d + 16/d. turboquant_key_bits replaces bits for the keys. The newest recent_window tokens are also kept exact and read instead of their codes by every query within that distance (a KIVI-style residual window over any per-token codec: veloxd.kv.quant.window); after a trim of n tokens the n oldest window slots read codes until new tokens arrive.",
     ),
     MethodInfo(
         name="qjl",
@@ -126,7 +126,7 @@ _SINGLE: tuple[MethodInfo, ...] = (  # the baseline, the quantizers, the evictio
         impl="veloxd.kv.quant.qjl:QJLCache",
         bits_choices=(2, 4, 8),
         default_bits=4,
-        deviations="No separate sketch for outlier channels and no unquantized first layers; one dense Gaussian S per layer (seed + layer index); fp16 key norms. Bits per token and head: qjl_sketch_dim + 16 (key) + Dv * (bits + 32/qjl_value_group_size) (value).",
+        deviations="No separate sketch for outlier channels and no unquantized first layers; one dense Gaussian S per layer (seed + layer index); fp16 key norms. Bits per token and head: qjl_sketch_dim + 16 (key) + Dv * (bits + 32/qjl_value_group_size) (value). The newest recent_window tokens are also kept exact and read instead of their codes by every query within that distance (a KIVI-style residual window over any per-token codec: veloxd.kv.quant.window); after a trim of n tokens the n oldest window slots read codes until new tokens arrive.",
     ),
     MethodInfo(
         name="streaming_llm",

@@ -177,7 +177,7 @@ def test_state_round_trip_through_mlx_lm(method, tmp_path):
 
 @pytest.mark.parametrize("method", METHODS)
 def test_trim_then_continue_equals_fresh_prefill(method):
-    trimmed, fresh, n = kc.trim_then_continue(KVCacheConfig(method, bits=4))
+    trimmed, fresh, n = kc.trim_then_continue(KVCacheConfig(method, bits=4, recent_window=0))
     assert n == 10
     assert mx.array_equal(trimmed, fresh).item()
 
@@ -208,7 +208,7 @@ def test_stored_bytes_match_the_analytic_rate(method, bits, outliers, expected):
 
 
 def test_resident_memory_agrees_with_nbytes():
-    grown, nbytes = kc.resident_bytes(KVCacheConfig("turboquant_mse", bits=3))
+    grown, nbytes = kc.resident_bytes(KVCacheConfig("turboquant_mse", bits=3, recent_window=0))
     codebooks_bytes = 2 * 4 * (7 + 7)  # thresholds and level steps of the 3-bit codebook, keys and values
     assert nbytes == 1024 * 2 * 2 * (3 * 128 + 16) / 8 + 2 * 128 * 4 + codebooks_bytes  # codes, norms, signs
     assert grown == pytest.approx(nbytes, rel=0.05)

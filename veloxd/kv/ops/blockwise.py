@@ -28,7 +28,7 @@ the price.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import mlx.core as mx
 
@@ -37,6 +37,15 @@ ValueFn = Callable[[mx.array, int, int], mx.array]
 # mask(q_start, q_stop, k_start, k_stop) -> bool, broadcastable to [B, Hkv, R, Lq, n] (None: all)
 MaskFn = Callable[[int, int, int, int], "mx.array | None"]
 CollectFn = Callable[[mx.array, int, int, int, int], None]  # (probs, q_start, q_stop, k_start, k_stop)
+
+
+class Overlay(Protocol):
+    """Exact scores and values for some (query, key) pairs of a block (the recent window)."""
+
+    def scores(self, s: mx.array, q: mx.array, qs: int, qe: int, start: int, stop: int) -> mx.array: ...
+
+    def split(self, p: mx.array, qs: int, qe: int, start: int, stop: int) -> tuple[mx.array, mx.array | None]: ...
+
 
 DEFAULT_BLOCK = 1024  # keys per block
 DECODE_BLOCK = 32  # keys per block of a one-query step (chosen by measurement: see the module doc)
@@ -149,6 +158,7 @@ def blockwise_attention(
     block: int = DEFAULT_BLOCK,
     collect: CollectFn | None = None,
     align: int = 1,
+    overlay: Overlay | None = None,
 ) -> mx.array | None:
     """Softmax attention of `queries` [B, Hq, L, D] over `length` stored keys, block by block.
 
@@ -158,7 +168,8 @@ def blockwise_attention(
     array [.., L, length] (bool, or additive) or a MaskFn. `collect(probs, qs, qe, start, stop)`,
     when given, receives the normalized weights [B, Hkv, R, Lq, n] (float32) of every block in a
     second pass (eviction policies score tokens with them). `align`: block starts are multiples of
-    it (a decode step's smaller block included). Returns [B, Hq, L, Dv] in the
+    it (a decode step's smaller block included). `overlay` replaces some scores and weights of a
+    block by exact ones (veloxd.kv.quant.window: the recent window). Returns [B, Hq, L, Dv] in the
     queries' dtype, or None when value_fn is None (weights only).
     """
     B, n_q, L, _ = queries.shape
@@ -167,6 +178,15 @@ def blockwise_attention(
     mask_fn = as_mask_fn(mask, L, length)
     rows = query_block(B, n_q, L, block)
     causal = isinstance(mask, str)
+
+    def values_of(p: mx.array, start: int, stop: int, qs: int, qe: int) -> mx.array:
+        assert value_fn is not None  # called only when values are wanted
+        if overlay is None:
+            return value_fn(p, start, stop).astype(mx.float32)
+        rest, exact = overlay.split(p, qs, qe, start, stop)
+        part = value_fn(rest, start, stop).astype(mx.float32)
+        return part if exact is None else part + exact.astype(mx.float32)
+
     outs = []
     for qs in range(0, L, rows):
         qe = min(L, qs + rows)
@@ -175,7 +195,10 @@ def blockwise_attention(
         q = q_all[:, :, :, qs:qe]  # [B, Hkv, R, Lq, D]
 
         def scores_of(start: int, stop: int, q: mx.array = q, qs: int = qs, qe: int = qe) -> tuple[mx.array, Any]:
-            s = score_fn(q, start, stop).astype(mx.float32)  # [B, Hkv, R, Lq, n]
+            s = score_fn(q, start, stop)
+            if overlay is not None:
+                s = overlay.scores(s, q, qs, qe, start, stop)
+            s = s.astype(mx.float32)  # [B, Hkv, R, Lq, n]
             keep = None if mask_fn is None else mask_fn(qs, qe, start, stop)
             return (s if keep is None else mx.where(keep, s, -mx.inf)), keep
 
@@ -186,7 +209,7 @@ def blockwise_attention(
             new_max = block_max if running_max is None else mx.maximum(running_max, block_max)
             safe_max = mx.where(mx.isinf(new_max), 0.0, new_max)  # fully masked rows stay at 0
             p = mx.exp(s - safe_max)
-            part = None if value_fn is None else value_fn(p.astype(queries.dtype), start, stop).astype(mx.float32)
+            part = None if value_fn is None else values_of(p.astype(queries.dtype), start, stop, qs, qe)
             if running_max is None or denom is None:  # the first block (it sets both)
                 denom, acc = p.sum(axis=-1, keepdims=True), part
             else:

@@ -112,6 +112,9 @@ class AffineCodec(TokenCodec):
     def rotate_queries(self, q: mx.array) -> mx.array:
         return q if self.rotation is None else self.rotation.apply(q)
 
+    def window_keys(self, keys: mx.array) -> mx.array:
+        return self.rotate_queries(keys)  # keys meet queries in the same (rotated) frame
+
     def bits_per_token(self) -> float:
         overhead = METADATA_BITS / self.group_size
         return self.k_dim * (self.key_bits + overhead) + self.v_dim * (self.value_bits + overhead)

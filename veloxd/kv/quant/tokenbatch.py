@@ -15,7 +15,8 @@ from mlx_lm.models.base import create_causal_mask
 from veloxd.kv.base import BatchCache, LayerSpec, VeloxCache, int_list
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.ops import packing
-from veloxd.kv.quant.tokencache import STEP, TokenCodec, TokenQuantCache, attend_store
+from veloxd.kv.quant.tokencache import STEP, TokenCodec, TokenQuantCache, append_window, attend_store
+from veloxd.kv.quant.window import RecentWindow
 
 
 class TokenQuantBatchCache(BatchCache, VeloxCache):
@@ -36,6 +37,10 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
         self.offset = mx.array([-p for p in left_padding])  # per-row true position
         self._idx = 0  # tokens written per row, left padding included
         self._right_padding: mx.array | None = None
+        self._lengths: mx.array | None = None  # real prompt tokens per row of a padded prefill
+        self._prompt_written = 0  # tokens appended since that prefill's `prepare`
+        self._pad_room = 0  # window slots kept for the rows' padding until `finalize`
+        self.window: RecentWindow | None = None  # aligned to the buffer end, as in the rows' caches
 
     @classmethod
     def from_caches(cls, caches: list[TokenQuantCache]) -> TokenQuantBatchCache:
@@ -63,6 +68,9 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
         batch.store = store
         batch._idx = longest
         batch.offset = batch.offset + longest
+        window = filled[0].window
+        if window is not None:  # each row's window is aligned to its end, which is now the common end
+            batch.window = RecentWindow.concat([c.window or blank_rows(window, 1) for c in caches])
         return batch
 
     # --- the compute path ---
@@ -75,10 +83,17 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
         packing.write(self.store, encoded, self._idx)
         self._idx += n_new
         self.offset = self.offset + n_new
+        self.window = append_window(self.window, self.codec, self.config, keys, values, self._pad_room)
+        if self.window is not None and self._lengths is not None:  # a right-padded prefill
+            self._prompt_written += n_new
+            self.window.pads = mx.maximum(self._prompt_written - self._lengths, 0)  # [B]
 
     def attend(self, queries: mx.array, scale: float, mask: Any) -> mx.array:
         assert self.codec is not None and self.store is not None  # update_and_fetch appended first
-        return attend_store(self.codec, self.store, self._idx, queries, scale, mask, self.block)
+        out = attend_store(self.codec, self.store, self._idx, queries, scale, mask, self.block, self.window)
+        if self.window is not None:  # the chunk is read; a padded prefill keeps room for its padding
+            self.window.shrink(self._pad_room)
+        return out
 
     def make_mask(self, N: int, return_array: bool = False, window_size: int | None = None, **kwargs: Any) -> mx.array:
         if window_size is not None:
@@ -101,6 +116,9 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
             self.offset = self.offset - pad
         if right_padding is not None and max(right_padding) > 0:
             self._right_padding = mx.array(right_padding)
+            self._lengths = None if lengths is None else mx.array(lengths)
+            self._prompt_written = 0
+            self._pad_room = max(right_padding) if lengths is not None else 0
 
     def finalize(self) -> None:
         """Turn the right padding of the last prompt chunk into left padding (roll each row)."""
@@ -109,9 +127,14 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
         pad = self._right_padding
         if self.store is not None:
             self.store = {n: packing.roll_rows(a, pad) for n, a in self.store.items()}
+        if self.window is not None and self.window.pads is not None:
+            self.window.settle()  # its rows' real ends now sit at the buffer end
+        elif self.window is not None:  # padding of unknown lengths: what stays inside still reads exactly
+            self.window.roll_rows(pad)
         self.offset = self.offset - pad
         self.left_padding = self.left_padding + pad
-        self._right_padding = None
+        self._right_padding = self._lengths = None
+        self._pad_room = 0
 
     def filter(self, batch_indices: list[int]) -> None:
         rows = mx.array(batch_indices)
@@ -121,6 +144,8 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
         if self.store is not None:
             # one owned copy: selected rows, without the padding every row shares
             self.store = packing.owned_view(self.store, shift, packing.capacity(self.store), rows)
+        if self.window is not None:
+            self.window = self.window.rows(rows)
         self._idx -= shift
         self.left_padding = self.left_padding - shift
 
@@ -149,6 +174,10 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
         mine, my_pad = justified(self)
         theirs, their_pad = justified(other)
         self.store = {n: mx.concatenate([mine[n], theirs[n]]) for n in template}
+        like = self.window or other.window
+        if like is not None:  # rows keep their windows: both sides are aligned to the common end
+            mine_w = self.window or blank_rows(like, self.offset.shape[0])
+            self.window = RecentWindow.concat([mine_w, other.window or blank_rows(like, other.offset.shape[0])])
         self.left_padding = mx.concatenate([my_pad, their_pad])
         self.offset = mx.concatenate([self.offset, other.offset])
         self._idx = longest
@@ -161,6 +190,8 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
         n = self._idx - padding
         if self.store is not None and n > 0:
             cache.store = packing.owned_view(self.store, padding, self._idx, slice(idx, idx + 1))
+            if self.window is not None:
+                cache.window = self.window.rows(slice(idx, idx + 1))
         cache.offset = n
         return cache
 
@@ -174,7 +205,8 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
     def arrays(self) -> list[mx.array]:
         fixed = self.codec.constants() if self.codec is not None else []
         bookkeeping = [a for a in (self.offset, self.left_padding, self._right_padding) if a is not None]
-        return [*(self.store or {}).values(), *fixed, *bookkeeping]
+        recent = self.window.arrays() if self.window is not None else []
+        return [*(self.store or {}).values(), *fixed, *bookkeeping, *recent]
 
     def is_trimmable(self) -> bool:
         return True
@@ -183,14 +215,22 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
         n = min(self._idx, n)
         self._idx -= n
         self.offset = self.offset - n
+        if self.window is not None:
+            self.window.trim(n)
         return n
 
     @property
     def state(self) -> tuple:
         """Arrays to evaluate after each prefill chunk (batch caches are not persisted: extract rows)."""
         arrays = [] if self.store is None else [packing.tokens(a, 0, self._idx) for a in self.store.values()]
-        return (*arrays, self.offset, self.left_padding)
+        recent = self.window.arrays() if self.window is not None else []
+        return (*arrays, *recent, self.offset, self.left_padding)
 
     @state.setter
     def state(self, v: tuple) -> None:
         raise AttributeError("TokenQuantBatchCache is not persisted: extract its rows")
+
+
+def blank_rows(like: RecentWindow, rows: int) -> RecentWindow:
+    """A window of `rows` rows holding nothing exact (rows of a cache with no tokens yet)."""
+    return RecentWindow.empty(like.size, like.keys, like.values, batch=rows)

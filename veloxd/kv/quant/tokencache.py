@@ -13,6 +13,10 @@ Interface for per-token methods (affine, turboquant_mse/prod, qjl):
         def for_call(self, queries, n_kv_heads) -> codec # optional: the codec one attend uses (a copy
                                                          #   carrying per-call choices; default self)
         def finish(self, out) -> out                     # optional: [B, Hq, L, Dv] (e.g. inverse-rotate)
+        def window_keys(self, keys) / window_values(self, values)
+                                                         # optional: exact keys/values in the frame
+                                                         #   scores/weighted_values work in (the
+                                                         #   recent window's copies; default as is)
         def bits_per_token(self) -> float                # analytic bits per token and KV head (K + V)
         def constants(self) -> list[mx.array]            # fixed arrays held (signs, codebooks)
 
@@ -44,6 +48,7 @@ from veloxd.kv.base import LayerSpec, VeloxCache
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.ops import packing
 from veloxd.kv.ops.blockwise import DEFAULT_BLOCK, blockwise_attention
+from veloxd.kv.quant.window import RecentWindow, WindowRead
 
 STEP = 256
 
@@ -79,6 +84,14 @@ class TokenCodec:
     def finish(self, out: mx.array) -> mx.array:
         return out
 
+    def window_keys(self, keys: mx.array) -> mx.array:
+        """Keys [B, H, L, D] in the frame whose dot with rotate_queries(q)[..., :D] is the score."""
+        return keys
+
+    def window_values(self, values: mx.array) -> mx.array:
+        """Values [B, H, L, Dv] in the frame weighted_values sums in (before `finish`)."""
+        return values
+
     def bits_per_token(self) -> float:
         raise NotImplementedError
 
@@ -99,10 +112,13 @@ def attend_store(
     scale: float,
     mask: Any,
     block: int = DEFAULT_BLOCK,
+    window: RecentWindow | None = None,
 ) -> mx.array:
-    """Attention of queries [B, Hq, L, D] over the first `length` stored tokens."""
+    """Attention of queries [B, Hq, L, D] over the first `length` stored tokens; the positions
+    `window` holds exactly are read from it instead of the codes."""
     n_kv_heads = next(iter(store.values())).shape[1]
     codec = codec.for_call(queries, n_kv_heads)
+
     out = blockwise_attention(
         codec.rotate_queries(queries),
         scale,
@@ -112,9 +128,31 @@ def attend_store(
         lambda p, start, stop: codec.weighted_values(p, packing.view(store, start, stop)),
         mask=mask,
         block=block,
+        overlay=None if window is None else WindowRead(window, length, queries.shape[2]),
     )
     assert out is not None  # value_fn was given
     return codec.finish(out)
+
+
+WINDOW_ARRAYS = 3  # a RecentWindow's keys, values and valid slots
+
+
+def append_window(
+    window: RecentWindow | None,
+    codec: TokenCodec,
+    config: KVCacheConfig,
+    keys: mx.array,
+    values: mx.array,
+    spare: int = 0,
+) -> RecentWindow | None:
+    """The window after L new tokens [B, H, L, D] (created on the first; None when recent_window is 0)."""
+    if not config.recent_window:
+        return None
+    keys, values = codec.window_keys(keys), codec.window_values(values)
+    if window is None:
+        window = RecentWindow.empty(config.recent_window, keys, values)
+    window.append(keys, values, spare)
+    return window
 
 
 class TokenQuantCache(VeloxCache):
@@ -127,6 +165,7 @@ class TokenQuantCache(VeloxCache):
         super().__init__(config, layer)
         self.codec: TokenCodec | None = None
         self.store: dict[str, mx.array] | None = None  # name -> [B, Hkv, capacity, ...]
+        self.window: RecentWindow | None = None  # exact copies of the newest tokens (recent_window > 0)
 
     @classmethod
     def check_head_dims(cls, config: KVCacheConfig, k_dim: int, v_dim: int) -> None:
@@ -138,15 +177,20 @@ class TokenQuantCache(VeloxCache):
         return self.codec
 
     def append(self, keys: mx.array, values: mx.array) -> None:
-        encoded = self._ensure_codec(keys, values).encode(keys, values)
+        codec = self._ensure_codec(keys, values)
+        encoded = codec.encode(keys, values)
         n_new = keys.shape[2]
         self.store = packing.ensure_capacity(self.store, encoded, self.offset, self.offset + n_new, self.step)
         packing.write(self.store, encoded, self.offset)
         self.offset += n_new
+        self.window = append_window(self.window, codec, self.config, keys, values)
 
     def attend(self, queries: mx.array, scale: float, mask: Any) -> mx.array:
         assert self.codec is not None and self.store is not None  # update_and_fetch appended first
-        return attend_store(self.codec, self.store, self.offset, queries, scale, mask, self.block)
+        out = attend_store(self.codec, self.store, self.offset, queries, scale, mask, self.block, self.window)
+        if self.window is not None:
+            self.window.shrink()  # the chunk is read: back to the newest W
+        return out
 
     # --- bookkeeping ---
     def size(self) -> int:
@@ -157,7 +201,8 @@ class TokenQuantCache(VeloxCache):
 
     def arrays(self) -> list[mx.array]:
         fixed = self.codec.constants() if self.codec is not None else []
-        return [*(self.store or {}).values(), *fixed]
+        recent = self.window.arrays() if self.window is not None else []
+        return [*(self.store or {}).values(), *fixed, *recent]
 
     def is_trimmable(self) -> bool:
         return True
@@ -165,6 +210,8 @@ class TokenQuantCache(VeloxCache):
     def trim(self, n: int) -> int:
         n = min(self.offset, n)
         self.offset -= n
+        if self.window is not None:
+            self.window.trim(n)
         self._compact()
         return n
 
@@ -174,6 +221,7 @@ class TokenQuantCache(VeloxCache):
             return
         if self.offset == 0:
             self.store = None
+            self.window = None
             return
         keep = packing.round_up(self.offset, self.step)
         if keep < packing.capacity(self.store):
@@ -189,7 +237,8 @@ class TokenQuantCache(VeloxCache):
     def state(self) -> tuple:
         if self.store is None or self.codec is None:  # both set by the first append
             return (self.meta,)
-        return (self.meta, *(packing.tokens(self.store[n], 0, self.offset) for n in self.codec.fields))
+        recent = self.window.arrays() if self.window is not None else []
+        return (self.meta, *(packing.tokens(self.store[n], 0, self.offset) for n in self.codec.fields), *recent)
 
     @state.setter
     def state(self, v: tuple) -> None:
@@ -198,7 +247,16 @@ class TokenQuantCache(VeloxCache):
         self.store = None
         if "k_dim" in extra:
             self.codec = self.codec_type(self.config, self.layer, extra["k_dim"], extra["v_dim"])
+        self.window = None
         if len(v) > 1:
-            if self.codec is None or len(v) - 1 != len(self.codec.fields):
-                raise ValueError(f"{type(self).__name__}: state holds {len(v) - 1} arrays, expected its codec's fields")
-            self.store = dict(zip(self.codec.fields, v[1:]))
+            n_fields = 0 if self.codec is None else len(self.codec.fields)
+            n_window = WINDOW_ARRAYS if self.config.recent_window else 0
+            if self.codec is None or len(v) - 1 != n_fields + n_window:
+                raise ValueError(
+                    f"{type(self).__name__}: state holds {len(v) - 1} arrays, expected its codec's "
+                    f"{n_fields} fields and {n_window} window arrays"
+                )
+            self.store = dict(zip(self.codec.fields, v[1 : 1 + n_fields]))
+            if n_window:
+                keys, values, valid = v[1 + n_fields :]
+                self.window = RecentWindow(keys, values, valid, reach=self.config.recent_window)

@@ -163,7 +163,8 @@ class TurboQuantMSECodec(TokenCodec):
         outliers, kind = config.turboquant_outlier_channels, config.turboquant_codebook
         self.key_rotation = Rotation(k_dim, config.seed, layer.index, KEY_SALT)
         self.value_rotation = Rotation(v_dim, config.seed, layer.index, VALUE_SALT)
-        self.keys = RotatedQuantizer("k_", k_dim, config.bit_width - self.key_bits_offset, outliers, kind)
+        key_bits = config.turboquant_key_bits or config.bit_width
+        self.keys = RotatedQuantizer("k_", k_dim, key_bits - self.key_bits_offset, outliers, kind)
         self.values = RotatedQuantizer("v_", v_dim, config.bit_width, outliers, kind)
         self.fields = (*self.keys.fields, *self.values.fields)
 
@@ -177,6 +178,12 @@ class TurboQuantMSECodec(TokenCodec):
 
     def rotate_queries(self, q: mx.array) -> mx.array:
         return self.key_rotation.apply(q)
+
+    def window_keys(self, keys: mx.array) -> mx.array:
+        return self.key_rotation.apply(keys)
+
+    def window_values(self, values: mx.array) -> mx.array:
+        return self.value_rotation.apply(values)  # `finish` rotates the whole output back
 
     def scores(self, q: mx.array, store: dict[str, mx.array]) -> mx.array:
         return self.keys.scores(q, store)
