@@ -1,0 +1,97 @@
+"""benchmarks/results/retrieval.md from retrieval.json: accuracy per arm and eviction verdicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.provenance import caption
+
+KEEPS = 0.95  # the bar fp16 must clear at every depth; a method keeps retrieval if it clears it too
+
+
+def by_label(rows: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
+    """{label: {context: row}} in first-seen order."""
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(row["label"], {})[row["context"]] = row
+    return out
+
+
+def worst_depth(per_context: dict[int, dict[str, Any]]) -> tuple[float, str] | None:
+    """(lowest accuracy, "depth @ context") over every measured cell, or None if none was."""
+    cells = [
+        (accuracy, f"{depth} @ {context // 1024}k")
+        for context, row in sorted(per_context.items())
+        for depth, accuracy in row.get("by_depth", {}).items()
+    ]
+    return min(cells, key=lambda c: c[0]) if cells else None
+
+
+def keeps_retrieval(per_context: dict[int, dict[str, Any]]) -> bool:
+    worst = worst_depth(per_context)
+    return worst is not None and worst[0] >= KEEPS and not any("error" in r for r in per_context.values())
+
+
+def percent(row: dict[str, Any] | None) -> str:
+    if row is None:
+        return "-"
+    if "error" in row:
+        return "error"
+    return f"{row['accuracy'] * 100:.0f} %"
+
+
+def budget_text(per_context: dict[int, dict[str, Any]]) -> str:
+    first = next(iter(per_context.values()))
+    if first.get("fraction") is None:
+        return "full"
+    tokens = ", ".join(f"{r['budget']}" for _, r in sorted(per_context.items()))
+    return f"{first['fraction'] * 100:.0f} % ({tokens} tokens)"
+
+
+def verdicts(labels: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
+    """One line per eviction / hybrid method: does it keep retrieval at each budget fraction?"""
+    methods: dict[str, list[str]] = {}
+    for label, per_context in labels.items():
+        first = next(iter(per_context.values()))
+        if first["family"] not in ("eviction", "hybrid"):
+            continue
+        name = label.split("@")[0]
+        answer = "yes" if keeps_retrieval(per_context) else "no"
+        methods.setdefault(name, []).append(f"keeps retrieval at {first['fraction'] * 100:.0f} %: {answer}")
+    return [f"- **{name}**: " + "; ".join(parts) for name, parts in methods.items()]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    labels = by_label(report["rows"])
+    contexts = sorted({r["context"] for r in report["rows"]})
+    head = " | ".join(f"accuracy at {c // 1024}k" for c in contexts)
+    lines = [
+        "# Pass-key retrieval through every cache",
+        "",
+        "Retrieval model `veloxd/assets/tiny-llama-retrieval`; the key at 11 depths (0.0 = first token of the "
+        "prompt, 1.0 = just before the question); the question ends the prompt. Eviction budgets are fractions "
+        "of the context. Heatmaps: `retrieval_heatmaps.png`.",
+        "",
+        f"| method | family | budget | {head} | worst depth |",
+        "|" + "---|" * (4 + len(contexts)),
+    ]
+    for label, per_context in labels.items():
+        first = next(iter(per_context.values()))
+        worst = worst_depth(per_context)
+        worst_text = f"{worst[0] * 100:.0f} % ({worst[1]})" if worst else "-"
+        cells = " | ".join(percent(per_context.get(c)) for c in contexts)
+        lines.append(f"| {label} | {first['family']} | {budget_text(per_context)} | {cells} | {worst_text} |")
+    lines += [
+        "",
+        f"Verdicts (keeps retrieval = at least {KEEPS * 100:.0f} % at every depth and context, the bar "
+        "fp16 must clear):",
+        "",
+    ]
+    lines += verdicts(labels)
+    if report.get("unavailable"):
+        lines += ["", "Unavailable: " + "; ".join(f"{k}: {v}" for k, v in report["unavailable"].items())]
+    plan = report.get("plan", {})
+    if "provenance" in report:
+        keys = ", ".join(f"{c}: {k}" for c, k in plan.get("keys_per_depth", {}).items())
+        lines += ["", caption(report["provenance"], f"keys per depth {keys}; {report.get('seconds')} s")]
+    return "\n".join(lines) + "\n"
