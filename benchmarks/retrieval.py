@@ -29,7 +29,7 @@ MODEL = ASSET.parent / "tiny-llama-retrieval"
 CONTEXTS = (1024, 4096)
 DEPTHS = tuple(i / 10 for i in range(11))
 FRACTIONS = (0.25, 0.5)
-KEYS_PER_DEPTH = {1024: 2, 4096: 1}  # sized so the whole run fits ~20 min on 2 shared cores
+KEYS_PER_DEPTH = {1024: 1, 4096: 1}  # 27 arms x 2 contexts x 11 depths: ~20 min on 2 shared cores
 FILLER_WINDOWS = 8
 
 
@@ -72,11 +72,17 @@ def run(
     labels: tuple[str, ...] = (),
     depths: tuple[float, ...] = DEPTHS,
     log=None,
+    progress=None,
 ) -> dict[str, Any]:
-    """{"rows": [...], "unavailable": {...}}: one row per (arm, context); `labels` restricts the arms."""
+    """{"rows": [...], "unavailable": {...}}: one row per (arm, context); `labels` restricts the arms.
+
+    `progress(result so far)` is called after every row (the CLI writes the JSON each time, so an
+    interrupted run keeps what it measured).
+    """
     log = log or (lambda *a, **k: None)
     rows: list[dict] = []
     unavailable: dict[str, str] = {}
+    result = {"rows": rows, "unavailable": unavailable}
     for context in contexts:
         chosen = [a for a in all_arms(context) if not labels or a.label in labels]
         ready, missing = arm_defs.split_available(chosen)
@@ -86,19 +92,21 @@ def run(
         for arm in ready:
             begun = time.time()
             try:
-                result = accuracy_by_depth(bench_model.model, partial(arm.make_caches, bench_model.model), cases)
+                measured = accuracy_by_depth(bench_model.model, partial(arm.make_caches, bench_model.model), cases)
             except Exception as error:  # a method under construction must not stop the run
-                result = {"error": f"{type(error).__name__}: {error}"}
+                measured = {"error": f"{type(error).__name__}: {error}"}
             fraction = round(arm.budget / context, 2) if arm.budget else None
-            rows.append({**arm.to_dict(), "context": context, "fraction": fraction, **result})
+            rows.append({**arm.to_dict(), "context": context, "fraction": fraction, **measured})
             log(
                 "retrieval_measured",
                 arm=arm.label,
                 context=context,
-                accuracy=result.get("accuracy"),
+                accuracy=measured.get("accuracy"),
                 seconds=round(time.time() - begun, 1),
             )
-    return {"rows": rows, "unavailable": unavailable}
+            if progress:
+                progress(result)
+    return result
 
 
 def load_inputs(path: Path) -> tuple[Any, PassKey, TokenizedCorpus]:
@@ -124,13 +132,16 @@ def main(argv: list[str] | None = None) -> int:
     keys = {c: args.keys or KEYS_PER_DEPTH.get(c, 1) for c in contexts}
     bench_model, passkey, held_out = load_inputs(args.model)
     labels = tuple(a for a in args.arms.split(",") if a)
-    report = run(bench_model, passkey, held_out, contexts, keys, labels, log=log)
-    report.update(
-        provenance=provenance(args.model),
-        plan={"contexts": contexts, "depths": DEPTHS, "keys_per_depth": keys, "fractions": FRACTIONS},
-        seconds=round(time.time() - started, 1),
+    header = {
+        "provenance": provenance(args.model),
+        "plan": {"contexts": contexts, "depths": DEPTHS, "keys_per_depth": keys, "fractions": FRACTIONS},
+    }
+    out = args.out_dir / "retrieval.json"
+    report = run(
+        bench_model, passkey, held_out, contexts, keys, labels, log=log, progress=lambda r: write({**header, **r}, out)
     )
-    write(report, args.out_dir / "retrieval.json")
+    report.update(header, seconds=round(time.time() - started, 1))
+    write(report, out)
     from benchmarks import retrieval_plots, retrieval_report
 
     retrieval_plots.heatmaps(report, args.out_dir / "retrieval_heatmaps.png")

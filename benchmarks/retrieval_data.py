@@ -58,9 +58,11 @@ class Mix:
 
     passkey: float = 0.45
     recall: float = 0.3
+    max_recalls: int = 6  # recall pairs per sequence, at most (long sequences carry more signal)
 
     def to_dict(self) -> dict[str, float]:
-        return {"passkey": self.passkey, "recall": self.recall, "code": round(1 - self.passkey - self.recall, 4)}
+        code = round(1 - self.passkey - self.recall, 4)
+        return {"passkey": self.passkey, "recall": self.recall, "code": code, "max_recalls": self.max_recalls}
 
 
 def key_depth(rng: random.Random) -> float:
@@ -133,9 +135,9 @@ class RetrievalStream:
         return tokens, weights
 
     def recall_sequence(self, length: int) -> tuple[np.ndarray, np.ndarray]:
-        """2-6 (fewer when short) `name = value` lines at random places in code text, recalled in shuffled order at the end."""
+        """2 to max_recalls (fewer when short) `name = value` lines at random places in code text, recalled in shuffled order at the end."""
         # ~37 tokens per definition + recall pair: at most one pair per 64 tokens, so text remains.
-        count = self.rng.randint(2, max(2, min(6, length // 64)))
+        count = self.rng.randint(2, max(2, min(self.mix.max_recalls, length // 64)))
         names = [f"{self.rng.choice(NAME_WORDS)}_{self.rng.choice(NAME_WORDS)}_{i}" for i in range(count)]
         values = [random_key(self.rng) for _ in names]
         defs = [self.passkey.encode(f"\n{n} = {v}\n") for n, v in zip(names, values)]

@@ -37,12 +37,31 @@ def worst_cell(passkey: dict[str, dict[str, Any]]) -> float:
     return min(a for entry in passkey.values() for a in entry["by_depth"].values())
 
 
+def stage_records(training: dict) -> list[dict]:
+    """The training records from the first stage to the last (a fine-tune nests what it started from)."""
+    chain = []
+    record: dict | None = training
+    while record:
+        chain.insert(0, record)
+        record = record.get("init_training")
+    return chain
+
+
+def stage_line(number: int, t: dict) -> str:
+    return (
+        f"{number}. `{t['command']}`: seed {t['seed']}, {t.get('stopped_at', t['steps'])} of {t['steps']} "
+        f"scheduled steps of {t['batch_tokens']} tokens, curriculum (step fraction, length) {t['curriculum']}, "
+        f"mix {t['data_mix']}, final loss {t['final_loss']}, {t['train_minutes']} min."
+    )
+
+
 def card(config: dict, training: dict, evaluation: dict, weights_bytes: int) -> str:
     rows = "\n".join(
         f"| {context} | " + " | ".join(f"{a * 100:.0f}" for a in entry["by_depth"].values()) + " |"
         for context, entry in evaluation["passkey_fp16"].items()
     )
     depths = list(next(iter(evaluation["passkey_fp16"].values()))["by_depth"])
+    stages = "\n".join(stage_line(i + 1, t) for i, t in enumerate(stage_records(training)))
     return f"""# tiny-llama-retrieval
 
 A {config["num_hidden_layers"]}-layer llama (hidden {config["hidden_size"]}, {config["num_attention_heads"]} query
@@ -51,14 +70,12 @@ theta {config["rope_theta"]:.0f}), trained from scratch so that pass-key retriev
 1k and 4k tokens: the benchmark model for what KV compression does to retrieval. fp16 weights,
 {weights_bytes / 1e6:.1f} MB; the tokenizer is tiny-llama's (byte-level BPE, 2048 ids).
 
-## Training
+## Training (`make train-retrieval`, OpenBLAS preloaded; `training.json`)
 
-`{training["command"]}` (OpenBLAS preloaded; `make train-retrieval`): seed {training["seed"]},
-{training["steps"]} steps of {training["batch_tokens"]} tokens, context curriculum (step fraction, length)
-{training["curriculum"]}, data mix {training["data_mix"]}: CPython stdlib sources (train split), pass-key
-prompts in the benchmark's format (key at a random depth, extra mass at 0.0 and 1.0) and code with
-`name = value` lines recalled at the end (`benchmarks/retrieval_data.py`). Final loss
-{training["final_loss"]}, {training["train_minutes"]} min on {training["machine"]}.
+{stages}
+Data (`benchmarks/retrieval_data.py`): CPython stdlib sources (train split), pass-key prompts in the
+benchmark's format (key at a random depth, extra mass at 0.0 and 1.0) and code with `name = value`
+lines recalled at the end. Machine: {training["machine"]}.
 
 ## Evaluation (`model_eval.json`)
 
