@@ -66,13 +66,14 @@ def card(config: dict, training: dict, evaluation: dict, weights_bytes: int) -> 
 
 A {config["num_hidden_layers"]}-layer llama (hidden {config["hidden_size"]}, {config["num_attention_heads"]} query
 heads / {config["num_key_value_heads"]} KV heads, head_dim {config["head_dim"]}, vocab {config["vocab_size"]}, RoPE
-theta {config["rope_theta"]:.0f}), trained from scratch so that pass-key retrieval works with the fp16 cache at
-1k and 4k tokens: the benchmark model for what KV compression does to retrieval. fp16 weights,
+theta {config["rope_theta"]:.0f}), trained from scratch for pass-key retrieval with the fp16 cache at 1k
+and 4k tokens (measured below): the benchmark model for what KV compression does to retrieval. fp16 weights,
 {weights_bytes / 1e6:.1f} MB; the tokenizer is tiny-llama's (byte-level BPE, 2048 ids).
 
 ## Training (`make train-retrieval`, OpenBLAS preloaded; `training.json`)
 
 {stages}
+
 Data (`benchmarks/retrieval_data.py`): CPython stdlib sources (train split), pass-key prompts in the
 benchmark's format (key at a random depth, extra mass at 0.0 and 1.0) and code with `name = value`
 lines recalled at the end. Machine: {training["machine"]}.

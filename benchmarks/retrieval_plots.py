@@ -38,7 +38,7 @@ def heatmaps(report: dict[str, Any], out: Path) -> Path:
 
     panels = grids(report["rows"])
     rows_n = max(1, -(-len(panels) // COLUMNS))
-    fig, axes = plt.subplots(rows_n, COLUMNS, figsize=(4.2 * COLUMNS, 1.45 * rows_n + 0.8), squeeze=False)
+    fig, axes = plt.subplots(rows_n, COLUMNS, figsize=(4.2 * COLUMNS, 1.9 * rows_n + 0.8), squeeze=False)
     image = None
     for ax, (label, (contexts, depths, grid)) in zip(axes.flat, panels.items()):
         image = ax.imshow(grid, vmin=0.0, vmax=1.0, cmap="viridis", aspect="auto")
@@ -48,14 +48,17 @@ def heatmaps(report: dict[str, Any], out: Path) -> Path:
         ax.set_title(label, fontsize=8)
         ax.set_yticks(range(len(contexts)), [f"{c // 1024}k" for c in contexts], fontsize=7)
         ax.set_xticks(range(len(depths)), depths, fontsize=6)
-        ax.set_xlabel("key depth", fontsize=6, labelpad=1)
     for ax in list(axes.flat)[len(panels) :]:
         ax.axis("off")
+    fig.subplots_adjust(hspace=0.85, top=0.93, bottom=0.06, left=0.04, right=0.9)
+    fig.text(
+        0.47, 0.025, "key depth (0.0 = start of the prompt, 1.0 = just before the question)", ha="center", fontsize=8
+    )
     keys = report.get("plan", {}).get("keys_per_depth", {})
     runs = "keys per depth: " + ", ".join(f"{c}: {k}" for c, k in keys.items()) if keys else "tiny run"
     fig.suptitle("Pass-key accuracy (%) by key depth and context, per cache", fontsize=10)
     if "provenance" in report:
-        fig.text(0.5, 0.005, caption(report["provenance"], runs), ha="center", fontsize=6)
+        fig.text(0.47, 0.005, caption(report["provenance"], runs), ha="center", fontsize=6)
     if image is not None:
         fig.colorbar(image, ax=axes, shrink=0.6, fraction=0.02, pad=0.01)
     out.parent.mkdir(parents=True, exist_ok=True)
