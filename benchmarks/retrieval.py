@@ -5,7 +5,8 @@ tokens, 11 depths, for fp16, mlx_lm's 4-bit cache, every quantizer at its defaul
 eviction method and hybrid at 25 % and 50 % of the context. Every arm sees the same prompts. The
 question ends the prompt, so eviction policies that look at the last queries (SnapKV's window)
 see what will be asked: that is the situation the benchmark measures. Writes
-benchmarks/results/retrieval.{json,md} and retrieval_heatmaps.png.
+benchmarks/results/retrieval.{json,md}, retrieval_heatmaps.png (whole key retrieved) and
+retrieval_token_heatmaps.png (answer tokens right, teacher-forced).
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from benchmarks import arms as arm_defs
 from benchmarks.data import PassKey, TokenizedCorpus, documents, long_held_out, tokenize
 from benchmarks.kv import make_logger, write
 from benchmarks.model import ASSET, load
-from benchmarks.passkey import accuracy_by_depth, trials
+from benchmarks.passkey import answer_token_hits, trials
 from benchmarks.provenance import provenance
 from veloxd.kv import registry
 
@@ -59,6 +62,23 @@ def all_arms(context: int) -> list[arm_defs.Arm]:
     return head + arm_defs.quantizer_arms(quick=True) + budget_arms(context)
 
 
+def scores_by_depth(model: Any, make_caches: Any, cases: list) -> dict[str, Any]:
+    """Exact-answer accuracy (greedy decoding gets every token) and answer-token accuracy, per depth."""
+    exact: dict[float, list[float]] = {}
+    tokens: dict[float, list[float]] = {}
+    for depth, prompt, answer in cases:
+        hits = answer_token_hits(model, make_caches(), prompt, answer)
+        exact.setdefault(depth, []).append(float(all(hits)))
+        tokens.setdefault(depth, []).append(float(np.mean(hits)))
+    return {
+        "by_depth": {f"{d:.1f}": float(np.mean(v)) for d, v in sorted(exact.items())},
+        "token_by_depth": {f"{d:.1f}": float(np.mean(v)) for d, v in sorted(tokens.items())},
+        "accuracy": float(np.mean([h for v in exact.values() for h in v])),
+        "token_accuracy": float(np.mean([h for v in tokens.values() for h in v])),
+        "trials": len(cases),
+    }
+
+
 def filler_for(held_out: TokenizedCorpus, context: int) -> list:
     return [w for _, w in long_held_out(held_out, context, FILLER_WINDOWS)]
 
@@ -92,7 +112,7 @@ def run(
         for arm in ready:
             begun = time.time()
             try:
-                measured = accuracy_by_depth(bench_model.model, partial(arm.make_caches, bench_model.model), cases)
+                measured = scores_by_depth(bench_model.model, partial(arm.make_caches, bench_model.model), cases)
             except Exception as error:  # a method under construction must not stop the run
                 measured = {"error": f"{type(error).__name__}: {error}"}
             fraction = round(arm.budget / context, 2) if arm.budget else None
@@ -145,6 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     from benchmarks import retrieval_plots, retrieval_report
 
     retrieval_plots.heatmaps(report, args.out_dir / "retrieval_heatmaps.png")
+    retrieval_plots.heatmaps(report, args.out_dir / "retrieval_token_heatmaps.png", metric="token_by_depth")
     (args.out_dir / "retrieval.md").write_text(retrieval_report.markdown(report))
     log("retrieval_benchmark_finished", seconds=report["seconds"], out=str(args.out_dir))
     return 0

@@ -61,6 +61,7 @@ def card(config: dict, training: dict, evaluation: dict, weights_bytes: int) -> 
         for context, entry in evaluation["passkey_fp16"].items()
     )
     depths = list(next(iter(evaluation["passkey_fp16"].values()))["by_depth"])
+    tokens = ", ".join(f"{c}: {e['token_accuracy'] * 100:.0f} %" for c, e in evaluation["passkey_fp16"].items())
     stages = "\n".join(stage_line(i + 1, t) for i, t in enumerate(stage_records(training)))
     return f"""# tiny-llama-retrieval
 
@@ -80,8 +81,9 @@ lines recalled at the end. Machine: {training["machine"]}.
 
 ## Evaluation (`model_eval.json`)
 
-Held-out NLL {evaluation["held_out_nll"]:.3f} nats/token (1024-token windows). Pass-key accuracy (%) with
-the fp16 cache, {evaluation["keys_per_depth"]} keys per depth, held-out filler:
+Held-out NLL {evaluation["held_out_nll"]:.3f} nats/token (1024-token windows). Pass-key accuracy (%, whole
+key by greedy decoding) with the fp16 cache, {evaluation["keys_per_depth"]} keys per depth, held-out filler
+(answer tokens right, teacher-forced: {tokens}):
 
 | context | {" | ".join(depths)} |
 |---|{"---|" * len(depths)}
@@ -100,7 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     bench_model, passkey, held_out = load_inputs(args.model)
     result = run(bench_model, passkey, held_out, CONTEXTS, {c: args.keys for c in CONTEXTS}, ("fp16",))
-    passkey_fp16 = {str(r["context"]): {k: r[k] for k in ("by_depth", "accuracy", "trials")} for r in result["rows"]}
+    passkey_fp16 = {
+        str(r["context"]): {k: r[k] for k in ("by_depth", "accuracy", "token_by_depth", "token_accuracy", "trials")}
+        for r in result["rows"]
+    }
     evaluation = {
         "provenance": provenance(args.model),
         "keys_per_depth": args.keys,

@@ -9,6 +9,10 @@ from benchmarks.provenance import caption
 KEEPS = 0.95  # the bar fp16 must clear at every depth; a method keeps retrieval if it clears it too
 
 
+def context_label(context: int) -> str:
+    return f"{context // 1024}k" if context % 1024 == 0 else str(context)
+
+
 def by_label(rows: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
     """{label: {context: row}} in first-seen order."""
     out: dict[str, dict[int, dict[str, Any]]] = {}
@@ -20,7 +24,7 @@ def by_label(rows: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]
 def worst_depth(per_context: dict[int, dict[str, Any]]) -> tuple[float, str] | None:
     """(lowest accuracy, "depth @ context") over every measured cell, or None if none was."""
     cells = [
-        (accuracy, f"{depth} @ {context // 1024}k")
+        (accuracy, f"{depth} @ {context_label(context)}")
         for context, row in sorted(per_context.items())
         for depth, accuracy in row.get("by_depth", {}).items()
     ]
@@ -32,12 +36,12 @@ def keeps_retrieval(per_context: dict[int, dict[str, Any]]) -> bool:
     return worst is not None and worst[0] >= KEEPS and not any("error" in r for r in per_context.values())
 
 
-def percent(row: dict[str, Any] | None) -> str:
+def percent(row: dict[str, Any] | None, key: str = "accuracy") -> str:
     if row is None:
         return "-"
     if "error" in row:
         return "error"
-    return f"{row['accuracy'] * 100:.0f} %"
+    return f"{row[key] * 100:.0f} %" if key in row else "-"
 
 
 def budget_text(per_context: dict[int, dict[str, Any]]) -> str:
@@ -64,22 +68,25 @@ def verdicts(labels: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
 def markdown(report: dict[str, Any]) -> str:
     labels = by_label(report["rows"])
     contexts = sorted({r["context"] for r in report["rows"]})
-    head = " | ".join(f"accuracy at {c // 1024}k" for c in contexts)
+    head = " | ".join(f"accuracy at {context_label(c)}" for c in contexts)
+    head += " | " + " | ".join(f"answer tokens at {context_label(c)}" for c in contexts)
     lines = [
         "# Pass-key retrieval through every cache",
         "",
         "Retrieval model `veloxd/assets/tiny-llama-retrieval`; the key at 11 depths (0.0 = first token of the "
         "prompt, 1.0 = just before the question); the question ends the prompt. Eviction budgets are fractions "
-        "of the context. Heatmaps: `retrieval_heatmaps.png`.",
+        "of the context. Accuracy: greedy decoding returns the whole key; answer tokens: teacher-forced share "
+        "of the key's tokens predicted right. Heatmaps: `retrieval_heatmaps.png`, `retrieval_token_heatmaps.png`.",
         "",
         f"| method | family | budget | {head} | worst depth |",
-        "|" + "---|" * (4 + len(contexts)),
+        "|" + "---|" * (4 + 2 * len(contexts)),
     ]
     for label, per_context in labels.items():
         first = next(iter(per_context.values()))
         worst = worst_depth(per_context)
         worst_text = f"{worst[0] * 100:.0f} % ({worst[1]})" if worst else "-"
         cells = " | ".join(percent(per_context.get(c)) for c in contexts)
+        cells += " | " + " | ".join(percent(per_context.get(c), "token_accuracy") for c in contexts)
         lines.append(f"| {label} | {first['family']} | {budget_text(per_context)} | {cells} | {worst_text} |")
     lines += [
         "",

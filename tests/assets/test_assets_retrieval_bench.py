@@ -45,6 +45,10 @@ def test_tiny_run_has_one_row_per_arm_with_accuracy_per_depth(tiny_report) -> No
         assert row["context"] == CONTEXT and row["trials"] == 4
         assert list(row["by_depth"]) == ["0.0", "1.0"]
         assert all(a in (0.0, 0.5, 1.0) for a in row["by_depth"].values())
+        assert list(row["token_by_depth"]) == ["0.0", "1.0"]
+        # the whole key is right only if every one of its tokens is
+        assert all(row["token_by_depth"][d] >= row["by_depth"][d] for d in ("0.0", "1.0"))
+        assert 0.0 <= row["token_accuracy"] <= 1.0
     assert rows[1]["budget"] == 64 and rows[1]["fraction"] == 0.25
     assert rows[2]["budget"] == 128 and rows[2]["fraction"] == 0.5
 
@@ -57,10 +61,12 @@ def test_heatmap_grid_and_figure_and_table(tiny_report, tmp_path: Path) -> None:
     contexts, depths, grid = panels["fp16"]
     assert contexts == [CONTEXT] and depths == ["0.0", "1.0"] and grid.shape == (1, 2)
     assert np.allclose(grid[0], list(tiny_report["rows"][0]["by_depth"].values()))
-    out = heatmaps(tiny_report, tmp_path / "h.png")
-    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    for metric in ("by_depth", "token_by_depth"):
+        out = heatmaps(tiny_report, tmp_path / f"{metric}.png", metric)
+        assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = markdown(tiny_report)
     assert "| snapkv@50% | eviction | 50 % (128 tokens) |" in table
+    assert "| accuracy at 256 | answer tokens at 256 |" in table
     assert "- **streaming_llm**: keeps retrieval at 25 %: " in table
 
 
