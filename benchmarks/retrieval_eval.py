@@ -61,6 +61,14 @@ def card(config: dict, training: dict, evaluation: dict, weights_bytes: int) -> 
         for context, entry in evaluation["passkey_fp16"].items()
     )
     depths = list(next(iter(evaluation["passkey_fp16"].values()))["by_depth"])
+    worst = evaluation["worst_cell"]
+    status = (
+        f"Status: meets the goal (at least {REQUIRED * 100:.0f} % at every context and depth)."
+        if worst >= REQUIRED
+        else f"Status: does NOT meet the goal of {REQUIRED * 100:.0f} % at every context and depth (worst cell "
+        f"{worst * 100:.0f} %): the lookup circuit is only partly formed (answer tokens above), so whole keys "
+        "are not retrieved; it needs more training steps than this run had."
+    )
     tokens = ", ".join(f"{c}: {e['token_accuracy'] * 100:.0f} %" for c, e in evaluation["passkey_fp16"].items())
     stages = "\n".join(stage_line(i + 1, t) for i, t in enumerate(stage_records(training)))
     return f"""# tiny-llama-retrieval
@@ -88,6 +96,8 @@ key by greedy decoding) with the fp16 cache, {evaluation["keys_per_depth"]} keys
 | context | {" | ".join(depths)} |
 |---|{"---|" * len(depths)}
 {rows}
+
+{status}
 
 Limits: a retrieval probe, not a language model of any quality; trained to 4096 tokens only
 (RoPE does not extrapolate: expect failure beyond).
