@@ -17,7 +17,7 @@ import mlx.nn as nn
 
 from benchmarks.data import TokenizedCorpus, long_held_out
 from benchmarks.provenance import provenance
-from benchmarks.retrieval import CONTEXTS, MODEL, load_inputs, run
+from benchmarks.retrieval import CONTEXTS, DEPTHS, MODEL, load_inputs, run
 
 KEYS_PER_DEPTH = 4
 REQUIRED = 0.95
@@ -111,7 +111,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help=f"exit 1 unless every cell is >= {REQUIRED}")
     args = parser.parse_args(argv)
     bench_model, passkey, held_out = load_inputs(args.model)
-    result = run(bench_model, passkey, held_out, CONTEXTS, {c: args.keys for c in CONTEXTS}, ("fp16",))
+    every_depth = {c: DEPTHS for c in CONTEXTS}
+    result = run(bench_model, passkey, held_out, CONTEXTS, {c: args.keys for c in CONTEXTS}, ("fp16",), every_depth)
     passkey_fp16 = {
         str(r["context"]): {k: r[k] for k in ("by_depth", "accuracy", "token_by_depth", "token_accuracy", "trials")}
         for r in result["rows"]

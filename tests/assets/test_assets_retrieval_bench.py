@@ -23,7 +23,7 @@ def tiny_report() -> dict:
     from benchmarks.retrieval import load_inputs, run
 
     bench_model, passkey, held_out = load_inputs(MODEL)
-    return run(bench_model, passkey, held_out, (CONTEXT,), {CONTEXT: 2}, LABELS, depths=(0.0, 1.0))
+    return run(bench_model, passkey, held_out, (CONTEXT,), {CONTEXT: 2}, LABELS, {CONTEXT: (0.0, 1.0)})
 
 
 def test_budget_arms_cover_every_eviction_method_and_hybrid_at_both_fractions() -> None:
