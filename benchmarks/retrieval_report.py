@@ -76,7 +76,8 @@ def markdown(report: dict[str, Any]) -> str:
         "Retrieval model `veloxd/assets/tiny-llama-retrieval`; the key at 11 depths (0.0 = first token of the "
         "prompt, 1.0 = just before the question); the question ends the prompt. Eviction budgets are fractions "
         "of the context. Accuracy: greedy decoding returns the whole key; answer tokens: teacher-forced share "
-        "of the key's tokens predicted right. Heatmaps: `retrieval_heatmaps.png`, `retrieval_token_heatmaps.png`.",
+        "of the key's tokens predicted right (they include the leading space and the full stop, which need no "
+        "retrieval: a cache that evicted the key, e.g. streaming_llm at shallow depths, still gets ~0.3). Heatmaps: `retrieval_heatmaps.png`, `retrieval_token_heatmaps.png`.",
         "",
         f"| method | family | budget | {head} | worst depth |",
         "|" + "---|" * (4 + 2 * len(contexts)),

@@ -55,13 +55,6 @@ def test_training_record_is_reproducible_from_its_commands() -> None:
     assert training["history"][-1]["context"] == 4096
 
 
-@pytest.mark.parametrize("context", ["1024", "4096"])
-def test_fp16_cache_gets_answer_tokens_well_above_chance(context: str) -> None:
-    """Partial retrieval: a model that ignored the key would get about 1 digit in 10."""
-    entry = json.loads((MODEL / "model_eval.json").read_text())["passkey_fp16"][context]
-    assert entry["token_accuracy"] >= 0.25
-
-
 @pytest.mark.xfail(strict=True, reason="goal not reached yet: 0 % whole keys with fp16 (MODEL_CARD.md, Status)")
 @pytest.mark.parametrize("context", ["1024", "4096"])
 def test_fp16_cache_retrieves_at_every_depth(context: str) -> None:
