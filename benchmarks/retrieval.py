@@ -12,6 +12,7 @@ retrieval_token_heatmaps.png (answer tokens right, teacher-forced).
 from __future__ import annotations
 
 import argparse
+import json
 import time
 from functools import partial
 from pathlib import Path
@@ -96,6 +97,7 @@ def run(
     depths: dict[int, tuple[float, ...]] | None = None,
     log=None,
     progress=None,
+    done: list[dict] | None = None,
 ) -> dict[str, Any]:
     """{"rows": [...], "unavailable": {...}}: one row per (arm, context); `labels` restricts the arms;
     `depths` per context (default DEPTHS_AT).
@@ -104,7 +106,8 @@ def run(
     interrupted run keeps what it measured).
     """
     log = log or (lambda *a, **k: None)
-    rows: list[dict] = []
+    rows: list[dict] = list(done or [])  # rows of an interrupted run, kept and not measured again
+    measured_already = {(r["label"], r["context"]) for r in rows}
     unavailable: dict[str, str] = {}
     result = {"rows": rows, "unavailable": unavailable}
     for context in contexts:
@@ -115,6 +118,8 @@ def run(
         at = (depths or DEPTHS_AT).get(context, DEPTHS)
         cases = trials(passkey, filler_for(held_out, context), context, at, keys[context], seed=context)
         for arm in ready:
+            if (arm.label, context) in measured_already:
+                continue
             begun = time.time()
             try:
                 measured = scores_by_depth(bench_model.model, partial(arm.make_caches, bench_model.model), cases)
@@ -150,6 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
     parser.add_argument("--keys", type=int, default=0, help="keys per depth at every context (0 = KEYS_PER_DEPTH)")
     parser.add_argument("--arms", default="", help="comma-separated arm labels (default all)")
+    parser.add_argument("--resume", action="store_true", help="keep the rows of an interrupted run's retrieval.json")
     args = parser.parse_args(argv)
     started = time.time()
     log = make_logger(started)
@@ -162,8 +168,19 @@ def main(argv: list[str] | None = None) -> int:
         "plan": {"contexts": contexts, "depths": DEPTHS_AT, "keys_per_depth": keys, "fractions": FRACTIONS},
     }
     out = args.out_dir / "retrieval.json"
+    done = json.loads(out.read_text())["rows"] if args.resume and out.exists() else None
+    if done:
+        header["resumed_with_rows"] = len(done)
     report = run(
-        bench_model, passkey, held_out, contexts, keys, labels, log=log, progress=lambda r: write({**header, **r}, out)
+        bench_model,
+        passkey,
+        held_out,
+        contexts,
+        keys,
+        labels,
+        log=log,
+        progress=lambda r: write({**header, **r}, out),
+        done=done,
     )
     report.update(header, seconds=round(time.time() - started, 1))
     write(report, out)

@@ -55,12 +55,14 @@ def budget_text(per_context: dict[int, dict[str, Any]]) -> str:
 def verdicts(labels: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
     """One line per eviction / hybrid method: does it keep retrieval at each budget fraction?"""
     methods: dict[str, list[str]] = {}
+    # A cache cannot keep what the fp16 cache does not have: without a retrieving reference, no verdict.
+    reference = keeps_retrieval(labels.get("fp16", {}))
     for label, per_context in labels.items():
         first = next(iter(per_context.values()))
         if first["family"] not in ("eviction", "hybrid"):
             continue
         name = label.split("@")[0]
-        answer = "yes" if keeps_retrieval(per_context) else "no"
+        answer = ("yes" if keeps_retrieval(per_context) else "no") if reference else "n/a (fp16 does not retrieve)"
         methods.setdefault(name, []).append(f"keeps retrieval at {first['fraction'] * 100:.0f} %: {answer}")
     return [f"- **{name}**: " + "; ".join(parts) for name, parts in methods.items()]
 
@@ -101,5 +103,8 @@ def markdown(report: dict[str, Any]) -> str:
     plan = report.get("plan", {})
     if "provenance" in report:
         keys = ", ".join(f"{c}: {k}" for c, k in plan.get("keys_per_depth", {}).items())
-        lines += ["", caption(report["provenance"], f"keys per depth {keys}; {report.get('seconds')} s")]
+        seconds = f"{report.get('seconds')} s"
+        if report.get("resumed_with_rows"):
+            seconds += f" after resuming with {report['resumed_with_rows']} rows measured before an interruption"
+        lines += ["", caption(report["provenance"], f"keys per depth {keys}; {seconds}")]
     return "\n".join(lines) + "\n"

@@ -10,7 +10,7 @@ import pytest
 from benchmarks import arms as arm_defs
 from benchmarks.retrieval import budget_arms
 from benchmarks.retrieval_plots import grids
-from benchmarks.retrieval_report import keeps_retrieval, markdown
+from benchmarks.retrieval_report import by_label, keeps_retrieval, markdown, verdicts
 from veloxd.kv import registry
 
 MODEL = Path(__file__).resolve().parents[2] / "veloxd" / "assets" / "tiny-llama-retrieval"
@@ -78,3 +78,16 @@ def test_keeps_retrieval_needs_every_cell_at_the_bar() -> None:
     assert not keeps_retrieval(bad)
     assert not keeps_retrieval(failed)
     assert not keeps_retrieval({})
+
+
+def test_verdicts_need_a_retrieving_fp16_reference() -> None:
+    def row(label: str, family: str, accuracy: float) -> dict:
+        return {"label": label, "family": family, "context": 1024, "fraction": 0.25, "by_depth": {"0.0": accuracy}}
+
+    evicting = row("snapkv@25%", "eviction", 1.0)
+    assert verdicts(by_label([row("fp16", "baseline", 1.0), evicting])) == [
+        "- **snapkv**: keeps retrieval at 25 %: yes"
+    ]
+    assert verdicts(by_label([row("fp16", "baseline", 0.0), evicting])) == [
+        "- **snapkv**: keeps retrieval at 25 %: n/a (fp16 does not retrieve)"
+    ]
