@@ -12,7 +12,7 @@ BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
 # The dashboard's browser tests drive Debian's chromium through Playwright (no browser download).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test test-fast lint browser bench bench-quick bench-kv bench-daemon bench-limits bench-distributed bench-gateway schema clean
+.PHONY: run test test-fast lint browser bench bench-quick bench-kv bench-retrieval train-retrieval eval-retrieval bench-daemon bench-limits bench-distributed bench-gateway schema clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,6 +71,24 @@ bench-quick: $(BENCH_STAMP)
 
 bench-kv: $(BENCH_STAMP)
 	$(BLAS_ENV) $(PY) -m benchmarks.kv
+
+# Pass-key accuracy per depth through every cache, on veloxd/assets/tiny-llama-retrieval (~20 min).
+bench-retrieval: $(BENCH_STAMP)
+	$(BLAS_ENV) $(PY) -m benchmarks.retrieval
+
+# Two fixed-seed, fixed-step stages (reproducible), ~40 min on 2 shared cores: from scratch to step
+# 200 of the default schedule, then a fine-tune richer in retrieval that ends on 4096-token
+# sequences. Then evaluates it (fp16 pass-key at 1k and 4k, every depth) into model_eval.json.
+RETRIEVAL_STAGE1 := .cache/stage1
+RETRIEVAL_STAGE2 := --seed 1 --steps 150 --lr 1.5e-3 --warmup 10 --passkey 0.5 --recall 0.4 --max-recalls 12 \
+	--curriculum 0:256,0.35:1024,0.6:4096
+train-retrieval: $(BENCH_STAMP)
+	$(BLAS_ENV) $(PY) -m benchmarks.train_retrieval --stop-at 200 --out $(RETRIEVAL_STAGE1)
+	$(BLAS_ENV) $(PY) -m benchmarks.train_retrieval --init $(RETRIEVAL_STAGE1) $(RETRIEVAL_STAGE2)
+	$(BLAS_ENV) $(PY) -m benchmarks.retrieval_eval --check
+
+eval-retrieval: $(BENCH_STAMP)
+	$(BLAS_ENV) $(PY) -m benchmarks.retrieval_eval --check
 
 bench-daemon: $(STAMP)
 	$(PY) -m benchmarks.daemon

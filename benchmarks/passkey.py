@@ -58,3 +58,18 @@ def accuracy_by_depth(
     by_depth = {f"{d:.1f}": float(np.mean(v)) for d, v in sorted(hits.items())}
     total = [h for v in hits.values() for h in v]
     return {"by_depth": by_depth, "accuracy": float(np.mean(total)), "trials": len(total)}
+
+
+def answer_token_hits(model: Any, caches: list[Any], prompt: np.ndarray, answer: np.ndarray) -> list[bool]:
+    """Teacher-forced: is each answer token the argmax given the prompt and the true tokens before it?
+
+    All True exactly when greedy decoding reproduces the answer (answer_matches), and the fraction
+    still says how much of the key a cache keeps when the whole key is not retrieved.
+    """
+    prefill(model, caches, prompt[:-1])
+    feed = np.concatenate([prompt[-1:], answer[:-1]])
+    hits = []
+    for token, expected in zip(feed, answer):
+        logits = model(mx.array([[int(token)]]), cache=caches)  # (1, 1, vocab)
+        hits.append(int(mx.argmax(logits[0, -1])) == int(expected))
+    return hits

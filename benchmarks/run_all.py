@@ -1,8 +1,9 @@
 """`make bench` / `make bench-quick`: KV-cache benchmark, serving benchmark, plots and tables.
 
-`make bench` writes benchmarks/results/{kv.json, kv_peak.json, serving.json, RESULTS.md, README_results.md,
-pareto_*.png}. `--quick` (one context length, fewer arms, one serving round; a smoke run of a
-few minutes) writes the same files under benchmarks/results/quick/, leaving the full results alone.
+`make bench` writes benchmarks/results/{kv.json, retrieval.{json,md}, retrieval_heatmaps.png,
+kv_peak.json, serving.json, RESULTS.md, README_results.md, pareto_*.png}. `--quick` (one context
+length, fewer arms, one serving round; a smoke run of a few minutes) writes the same files under
+benchmarks/results/quick/, leaving the full results alone.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ import json
 import time
 from pathlib import Path
 
-from benchmarks import kv, kv_peak, plots, readme_section, report, serving
+from benchmarks import kv, kv_peak, plots, readme_section, report, retrieval, serving
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -27,6 +28,8 @@ def main(argv: list[str] | None = None) -> int:
     results = RESULTS / "quick" if args.quick else RESULTS
     common = (["--quick"] if args.quick else []) + (["--model", args.model] if args.model else [])
     kv.main(common + ["--out", str(results / "kv.json")])
+    # pass-key accuracy per depth on the retrieval model (the shipped one does not retrieve)
+    retrieval.main(["--out-dir", str(results)] + (["--contexts", "1024", "--keys", "1"] if args.quick else []))
     # one layer's decode and prefill peak per method at GQA 16 (the ratio real models reach)
     kv_peak.main(["--json", str(results / "kv_peak.json")] + (["--context", "2048"] if args.quick else []))
     if not args.skip_serving:

@@ -1,0 +1,174 @@
+"""Training sequences for the retrieval model: code text, pass-key prompts and key=value recall.
+
+Three kinds of sequence, seeded so a run is reproducible:
+- plain code text (the model stays a code model);
+- a pass-key prompt in exactly the benchmark's format (data.PassKey), the key at a random depth
+  (with extra mass at the ends 0.0 and 1.0, which the benchmark asks for), answered at the end;
+- several `name = value` lines embedded in code text, then recall lines `name == value` at the
+  end, so retrieval is learned as a general lookup, not only for the pass-key sentence.
+Loss masks: random digits the model cannot predict (the first sight of a key or value) weigh 0,
+answers weigh ANSWER_WEIGHT, so the sparse retrieval signal is not drowned by the code loss.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+from benchmarks.data import PassKey, TokenizedCorpus, random_key
+
+ANSWER_WEIGHT = 4.0
+END_DEPTH_MASS = 0.1  # probability of depth exactly 0.0, and again of exactly 1.0
+NAME_WORDS = [
+    "alpha",
+    "beta",
+    "gamma",
+    "delta",
+    "omega",
+    "token",
+    "cache",
+    "buffer",
+    "index",
+    "offset",
+    "limit",
+    "count",
+    "total",
+    "prefix",
+    "suffix",
+    "header",
+    "footer",
+    "socket",
+    "stream",
+    "parser",
+    "record",
+    "worker",
+    "queue",
+    "batch",
+    "layer",
+    "block",
+    "chunk",
+]
+
+
+@dataclass(frozen=True)
+class Mix:
+    """Fractions of each kind of sequence (the rest is plain code text)."""
+
+    passkey: float = 0.45
+    recall: float = 0.3
+    max_recalls: int = 6  # recall pairs per sequence, at most (long sequences carry more signal)
+
+    def to_dict(self) -> dict[str, float]:
+        code = round(1 - self.passkey - self.recall, 4)
+        return {"passkey": self.passkey, "recall": self.recall, "code": code, "max_recalls": self.max_recalls}
+
+
+def key_depth(rng: random.Random) -> float:
+    roll = rng.random()
+    if roll < END_DEPTH_MASS:
+        return 0.0
+    if roll < 2 * END_DEPTH_MASS:
+        return 1.0
+    return rng.random()
+
+
+def first_occurrence(tokens: np.ndarray, pattern: np.ndarray) -> int | None:
+    """Index of the first place `pattern` occurs in `tokens`, or None."""
+    windows = np.lib.stride_tricks.sliding_window_view(tokens, len(pattern))  # (n - k + 1, k)
+    hits = np.flatnonzero((windows == pattern).all(axis=1))
+    return int(hits[0]) if len(hits) else None
+
+
+class RetrievalStream:
+    """(tokens, loss weights) sequences of one length from the training split (see module doc)."""
+
+    def __init__(self, corpus: TokenizedCorpus, passkey: PassKey, seed: int, mix: Mix = Mix()):
+        self.corpus = corpus
+        self.passkey = passkey
+        self.mix = mix
+        self.rng = random.Random(seed)
+        weights = np.asarray([len(d) for d in corpus.docs], dtype=np.float64)
+        self.cumulative = np.cumsum(weights) / weights.sum()
+
+    def text(self, length: int) -> np.ndarray:
+        """A contiguous window of code text (running on into the next documents if needed)."""
+        index = min(int(np.searchsorted(self.cumulative, self.rng.random())), len(self.corpus.docs) - 1)
+        doc = self.corpus.docs[index]
+        start = self.rng.randrange(max(1, len(doc) - length))
+        out = doc[start : start + length]
+        while len(out) < length:
+            index = (index + 1) % len(self.corpus.docs)
+            out = np.concatenate([out, self.corpus.docs[index][: length - len(out)]])
+        return out
+
+    def sequence(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        roll = self.rng.random()
+        if roll < self.mix.passkey:
+            return self.passkey_sequence(length)
+        if roll < self.mix.passkey + self.mix.recall:
+            return self.recall_sequence(length)
+        return self.text(length), np.ones(length, dtype=np.float32)
+
+    def passkey_sequence(self, length: int, depth: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """A benchmark-format prompt of `length - len(answer)` tokens, then the answer.
+
+        The question ends the sequence (as in the benchmark) half the time; otherwise the prompt
+        is shorter and code text follows, so short key-question distances are seen too.
+        """
+        key = random_key(self.rng)
+        answer = self.passkey.answer(key)
+        full = length - len(answer)
+        total = full if self.rng.random() < 0.5 else self.rng.randint(min(full, 96), full)
+        depth = key_depth(self.rng) if depth is None else depth
+        prompt, _ = self.passkey.prompt(key, self.text(total), total, depth)
+        tail = self.text(length - total - len(answer))
+        tokens = np.concatenate([prompt, answer, tail])
+        weights = np.ones(length, dtype=np.float32)
+        # The key's first sight is random digits: no loss there (its repeat is a copy and keeps it).
+        digits = self.passkey.encode(f" {key}")
+        first = first_occurrence(tokens, digits)
+        if first is not None:
+            weights[first : first + len(digits)] = 0.0
+        weights[total : total + len(answer)] = ANSWER_WEIGHT
+        return tokens, weights
+
+    def recall_sequence(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """2 to max_recalls (fewer when short) `name = value` lines at random places in code text, recalled in shuffled order at the end."""
+        # ~37 tokens per definition + recall pair: at most one pair per 64 tokens, so text remains.
+        count = self.rng.randint(2, max(2, min(self.mix.max_recalls, length // 64)))
+        names = [f"{self.rng.choice(NAME_WORDS)}_{self.rng.choice(NAME_WORDS)}_{i}" for i in range(count)]
+        values = [random_key(self.rng) for _ in names]
+        defs = [self.passkey.encode(f"\n{n} = {v}\n") for n, v in zip(names, values)]
+        order = list(range(count))
+        self.rng.shuffle(order)
+        queries = [
+            (self.passkey.encode(f"\nassert {names[i]} =="), self.passkey.encode(f" {values[i]}\n")) for i in order
+        ]
+        query_len = sum(len(q) + len(a) for q, a in queries)
+        room = length - query_len - sum(len(d) for d in defs)
+        cuts = sorted(self.rng.randint(0, room) for _ in defs)
+        filler = self.text(room)
+        pieces, weights = [], []
+        previous = 0
+        for cut, definition in zip(cuts, defs):
+            pieces += [filler[previous:cut], definition]
+            # The value's digits are random at first sight: no loss on the definition line.
+            weights += [np.ones(cut - previous, np.float32), np.zeros(len(definition), np.float32)]
+            previous = cut
+        pieces.append(filler[previous:])
+        weights.append(np.ones(room - previous, np.float32))
+        for question, answer in queries:
+            pieces += [question, answer]
+            weights += [np.ones(len(question), np.float32), np.full(len(answer), ANSWER_WEIGHT, np.float32)]
+        return np.concatenate(pieces), np.concatenate(weights)
+
+    def batch(self, batch_size: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """(batch, length + 1) tokens and (batch, length) loss weights aligned with the targets."""
+        rows, masks = [], []
+        for _ in range(batch_size):
+            tokens, weights = self.sequence(length + 1)
+            rows.append(tokens)
+            masks.append(weights[1:])
+        return np.stack(rows).astype(np.int32), np.stack(masks)

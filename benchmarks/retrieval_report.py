@@ -1,0 +1,110 @@
+"""benchmarks/results/retrieval.md from retrieval.json: accuracy per arm and eviction verdicts."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from benchmarks.provenance import caption
+
+KEEPS = 0.95  # the bar fp16 must clear at every depth; a method keeps retrieval if it clears it too
+
+
+def context_label(context: int) -> str:
+    return f"{context // 1024}k" if context % 1024 == 0 else str(context)
+
+
+def by_label(rows: list[dict[str, Any]]) -> dict[str, dict[int, dict[str, Any]]]:
+    """{label: {context: row}} in first-seen order."""
+    out: dict[str, dict[int, dict[str, Any]]] = {}
+    for row in rows:
+        out.setdefault(row["label"], {})[row["context"]] = row
+    return out
+
+
+def worst_depth(per_context: dict[int, dict[str, Any]]) -> tuple[float, str] | None:
+    """(lowest accuracy, "depth @ context") over every measured cell, or None if none was."""
+    cells = [
+        (accuracy, f"{depth} @ {context_label(context)}")
+        for context, row in sorted(per_context.items())
+        for depth, accuracy in row.get("by_depth", {}).items()
+    ]
+    return min(cells, key=lambda c: c[0]) if cells else None
+
+
+def keeps_retrieval(per_context: dict[int, dict[str, Any]]) -> bool:
+    worst = worst_depth(per_context)
+    return worst is not None and worst[0] >= KEEPS and not any("error" in r for r in per_context.values())
+
+
+def percent(row: dict[str, Any] | None, key: str = "accuracy") -> str:
+    if row is None:
+        return "-"
+    if "error" in row:
+        return "error"
+    return f"{row[key] * 100:.0f} %" if key in row else "-"
+
+
+def budget_text(per_context: dict[int, dict[str, Any]]) -> str:
+    first = next(iter(per_context.values()))
+    if first.get("fraction") is None:
+        return "full"
+    tokens = ", ".join(f"{r['budget']}" for _, r in sorted(per_context.items()))
+    return f"{first['fraction'] * 100:.0f} % ({tokens} tokens)"
+
+
+def verdicts(labels: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
+    """One line per eviction / hybrid method: does it keep retrieval at each budget fraction?"""
+    methods: dict[str, list[str]] = {}
+    # A cache cannot keep what the fp16 cache does not have: without a retrieving reference, no verdict.
+    reference = keeps_retrieval(labels.get("fp16", {}))
+    for label, per_context in labels.items():
+        first = next(iter(per_context.values()))
+        if first["family"] not in ("eviction", "hybrid"):
+            continue
+        name = label.split("@")[0]
+        answer = ("yes" if keeps_retrieval(per_context) else "no") if reference else "n/a (fp16 does not retrieve)"
+        methods.setdefault(name, []).append(f"keeps retrieval at {first['fraction'] * 100:.0f} %: {answer}")
+    return [f"- **{name}**: " + "; ".join(parts) for name, parts in methods.items()]
+
+
+def markdown(report: dict[str, Any]) -> str:
+    labels = by_label(report["rows"])
+    contexts = sorted({r["context"] for r in report["rows"]})
+    head = " | ".join(f"accuracy at {context_label(c)}" for c in contexts)
+    head += " | " + " | ".join(f"answer tokens at {context_label(c)}" for c in contexts)
+    lines = [
+        "# Pass-key retrieval through every cache",
+        "",
+        "Retrieval model `veloxd/assets/tiny-llama-retrieval`; the key at 11 depths (0.0 = first token of the "
+        "prompt, 1.0 = just before the question); the question ends the prompt. Eviction budgets are fractions "
+        "of the context. Accuracy: greedy decoding returns the whole key; answer tokens: teacher-forced share "
+        "of the key's tokens predicted right (they include the leading space and the full stop, which need no "
+        "retrieval: a cache that evicted the key, e.g. streaming_llm at shallow depths, still gets ~0.3). Heatmaps: `retrieval_heatmaps.png`, `retrieval_token_heatmaps.png`.",
+        "",
+        f"| method | family | budget | {head} | worst depth |",
+        "|" + "---|" * (4 + 2 * len(contexts)),
+    ]
+    for label, per_context in labels.items():
+        first = next(iter(per_context.values()))
+        worst = worst_depth(per_context)
+        worst_text = f"{worst[0] * 100:.0f} % ({worst[1]})" if worst else "-"
+        cells = " | ".join(percent(per_context.get(c)) for c in contexts)
+        cells += " | " + " | ".join(percent(per_context.get(c), "token_accuracy") for c in contexts)
+        lines.append(f"| {label} | {first['family']} | {budget_text(per_context)} | {cells} | {worst_text} |")
+    lines += [
+        "",
+        f"Verdicts (keeps retrieval = at least {KEEPS * 100:.0f} % at every depth and context, the bar "
+        "fp16 must clear):",
+        "",
+    ]
+    lines += verdicts(labels)
+    if report.get("unavailable"):
+        lines += ["", "Unavailable: " + "; ".join(f"{k}: {v}" for k, v in report["unavailable"].items())]
+    plan = report.get("plan", {})
+    if "provenance" in report:
+        keys = ", ".join(f"{c}: {k}" for c, k in plan.get("keys_per_depth", {}).items())
+        seconds = f"{report.get('seconds')} s"
+        if report.get("resumed_with_rows"):
+            seconds += f" after resuming with {report['resumed_with_rows']} rows measured before an interruption"
+        lines += ["", caption(report["provenance"], f"keys per depth {keys}; {seconds}")]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,194 @@
+"""Train the retrieval model: code text + pass-key prompts + key=value recall, curriculum to 4096.
+
+`python -m benchmarks.train_retrieval` (OpenBLAS preloaded) trains a fixed number of steps from a
+fixed seed (reproducible, no deadline) in float32, with a context curriculum ending on real
+4096-token sequences (RoPE does not extrapolate past what it saw), and writes fp16 weights,
+config, the shipped tiny-llama tokenizer and `training.json` to veloxd/assets/tiny-llama-retrieval.
+Model, optimizer, step and LR schedule are train_tiny's. The shipped model is two stages (`make
+train-retrieval`): step 200 of the default schedule from scratch (`--stop-at 200`), then
+`--init` of that with more retrieval per token: the default schedule alone leaves too few
+retrieval examples in its batch-1 4096 phase (measured: ~50 % of answer digits right at step 200).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from tokenizers import Tokenizer
+
+from benchmarks.data import PassKey, documents, tokenize
+from benchmarks.model import ASSET
+from benchmarks.retrieval_data import Mix, RetrievalStream
+from benchmarks.train_tiny import Trainer, learning_rate, model_config, phase_at
+
+OUT = ASSET.parent / "tiny-llama-retrieval"
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+CHECKPOINT = Path(".cache/train_retrieval_checkpoint")
+# (fraction of the steps at which the phase starts, context length, unused flag kept for
+# train_tiny.phase_at). Short sequences first: many retrieval examples per step while the lookup
+# circuit forms; then 1024 and a quarter of the steps on real 4096-token sequences (batch 1).
+CURRICULUM = [(0.0, 128, False), (0.3, 256, False), (0.55, 1024, False), (0.75, 4096, False)]
+
+
+def parse_curriculum(text: str) -> list[tuple[float, int, bool]]:
+    """ "0:256,0.4:1024" -> [(0.0, 256, False), (0.4, 1024, False)]."""
+    phases = []
+    for part in text.split(","):
+        start, length = part.split(":")
+        phases.append((float(start), int(length), False))
+    return phases
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--steps", type=int, default=320, help="fixed step count")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--hidden", type=int, default=256)
+    p.add_argument("--heads", type=int, default=4)
+    p.add_argument("--kv-heads", type=int, default=2)
+    p.add_argument("--head-dim", type=int, default=64)
+    p.add_argument("--intermediate", type=int, default=640)
+    p.add_argument("--batch-tokens", type=int, default=4096)
+    p.add_argument("--lr", type=float, default=3e-3)
+    p.add_argument("--warmup", type=int, default=30)
+    p.add_argument("--passkey", type=float, default=Mix.passkey, help="fraction of pass-key sequences")
+    p.add_argument("--recall", type=float, default=Mix.recall, help="fraction of key=value recall sequences")
+    p.add_argument("--max-recalls", type=int, default=Mix.max_recalls, help="recall pairs per sequence, at most")
+    p.add_argument("--curriculum", type=parse_curriculum, default=CURRICULUM, help="start:length,... (step fractions)")
+    p.add_argument(
+        "--stop-at", type=int, default=0, help="end after this step of the --steps schedule (0 = run it all)"
+    )
+    p.add_argument("--init", type=Path, default=None, help="fine-tune these weights (e.g. the shipped tiny-llama)")
+    p.add_argument("--checkpoint-every", type=int, default=40, help="steps between checkpoints")
+    p.add_argument("--resume", action="store_true", help=f"continue from {CHECKPOINT}")
+    p.add_argument("--measure", type=int, default=0, help="time this many steps per phase and exit")
+    return p.parse_args(argv)
+
+
+def config_for(args: argparse.Namespace) -> dict:
+    """train_tiny's llama config (the vocab is the shared tokenizer's); --init takes that model's."""
+    if args.init is not None:
+        return json.loads((args.init / "config.json").read_text())
+    return model_config(argparse.Namespace(**{**vars(args), "vocab": 2048}))
+
+
+def write_model(trainer: Trainer, config: dict, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    trainer.save_fp16(out)
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    for name in TOKENIZER_FILES:
+        shutil.copyfile(ASSET / name, out / name)
+
+
+def measure(trainer: Trainer, stream: RetrievalStream, args: argparse.Namespace) -> None:
+    """Seconds per step and tokens per second at every curriculum length (after one warm-up step)."""
+    for _, length, _ in args.curriculum:
+        tokens, weights = stream.batch(max(1, args.batch_tokens // length), length)
+        trainer.run_step(tokens, weights, 0.0)
+        start = time.perf_counter()
+        for _ in range(args.measure):
+            trainer.run_step(tokens, weights, 0.0)
+        seconds = (time.perf_counter() - start) / args.measure
+        print(
+            json.dumps(
+                {
+                    "event": "step_timed",
+                    "context": length,
+                    "s_per_step": round(seconds, 3),
+                    "tokens_per_s": round(tokens.shape[0] * length / seconds),
+                }
+            ),
+            flush=True,
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    started = time.time()
+    tokenizer = Tokenizer.from_file(str(ASSET / "tokenizer.json"))
+    corpus = tokenize(tokenizer, documents()["train"])
+    config = config_for(args)
+    mix = Mix(args.passkey, args.recall, args.max_recalls)
+    trainer = Trainer(args, config)
+    if args.init is not None:
+        trainer.model.load_weights(str(args.init / "model.safetensors"))
+        trainer.model.set_dtype(mx.float32)  # the shipped weights are fp16; train in float32
+    stream = RetrievalStream(corpus, PassKey(tokenizer), seed=args.seed, mix=mix)
+    if args.measure:
+        measure(trainer, stream, args)
+        return 0
+    step, history = 0, []
+    if args.resume and (CHECKPOINT / "step.json").exists():
+        step = trainer.load_checkpoint(CHECKPOINT)
+        history = json.loads((CHECKPOINT / "history.json").read_text())
+        # Replay the data stream to where the checkpoint left it, so a resumed run sees the same data.
+        for replay in range(step):
+            _, length, _ = phase_at(args.curriculum, replay / args.steps)
+            stream.batch(max(1, args.batch_tokens // length), length)
+    window: list[float] = []
+    train_start = time.time()
+    last = args.stop_at or args.steps
+    while step < last:
+        progress = step / args.steps
+        _, length, _ = phase_at(args.curriculum, progress)
+        tokens, weights = stream.batch(max(1, args.batch_tokens // length), length)
+        lr = learning_rate(step, progress, args)
+        window.append(trainer.run_step(tokens, weights, lr))
+        step += 1
+        if step % 20 == 0 or step == last:
+            record = {
+                "step": step,
+                "context": length,
+                "loss": round(float(np.mean(window)), 4),
+                "lr": round(lr, 6),
+                "elapsed_min": round((time.time() - train_start) / 60, 2),
+            }
+            history.append(record)
+            print(json.dumps({"event": "step_logged", **record}), flush=True)
+            window = []
+        if step % args.checkpoint_every == 0 and step < last:
+            trainer.save_checkpoint(CHECKPOINT, step)
+            (CHECKPOINT / "history.json").write_text(json.dumps(history))
+            write_model(trainer, config, args.out)  # a usable model from the first checkpoint on
+    write_model(trainer, config, args.out)
+    summary = {
+        "command": "python -m benchmarks.train_retrieval " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "curriculum"},
+        "seed": args.seed,
+        "steps": args.steps,
+        "batch_tokens": args.batch_tokens,
+        "tokens_seen": args.steps * args.batch_tokens,
+        "stopped_at": step,
+        "curriculum": [(start, length) for start, length, _ in args.curriculum],
+        "data_mix": mix.to_dict(),
+        "init": str(args.init) if args.init else "scratch",
+        # a fine-tune carries the record of what it started from
+        "init_training": json.loads((args.init / "training.json").read_text()) if args.init else None,
+        "train_tokens_in_corpus": corpus.total,
+        "final_loss": history[-1]["loss"] if history else None,
+        "train_minutes": round((time.time() - train_start) / 60, 2),
+        "total_minutes": round((time.time() - started) / 60, 2),
+        "resumed": bool(args.resume),
+        "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} cores (shared)",
+        "blas_preload": os.environ.get("LD_PRELOAD", ""),
+        "mlx": mx.__version__,
+        "history": history,
+    }
+    (args.out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps({"event": "training_finished", "steps": step, "minutes": summary["total_minutes"]}), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

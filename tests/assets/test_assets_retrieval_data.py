@@ -1,0 +1,71 @@
+"""The retrieval model's training data: seeded, benchmark-format pass keys at the asked depth, true recalls."""
+
+from __future__ import annotations
+
+import re
+
+import numpy as np
+import pytest
+
+from benchmarks.data import PASS_KEY_QUESTION, PassKey, TokenizedCorpus
+from benchmarks.retrieval_data import ANSWER_WEIGHT, RetrievalStream, first_occurrence
+
+
+@pytest.fixture(scope="module")
+def pieces() -> tuple[PassKey, TokenizedCorpus]:
+    from tokenizers import Tokenizer
+
+    from benchmarks.model import ASSET
+
+    tokenizer = Tokenizer.from_file(str(ASSET / "tokenizer.json"))
+    texts = [f"def f_{i}(x):\n    return x * {i} + len('{i}')\n" * 40 for i in range(6)]
+    docs = [np.asarray(e.ids, dtype=np.int32) for e in tokenizer.encode_batch(texts)]
+    return PassKey(tokenizer), TokenizedCorpus([f"doc{i}" for i in range(6)], docs)
+
+
+def test_same_seed_same_batches_other_seed_other_batches(pieces) -> None:
+    passkey, corpus = pieces
+    a, b, c = (RetrievalStream(corpus, passkey, seed=s) for s in (3, 3, 4))
+    tokens_a, weights_a = a.batch(4, 256)
+    tokens_b, weights_b = b.batch(4, 256)
+    assert tokens_a.shape == (4, 257) and weights_a.shape == (4, 256)
+    assert np.array_equal(tokens_a, tokens_b) and np.array_equal(weights_a, weights_b)
+    assert not np.array_equal(tokens_a, c.batch(4, 256)[0])
+
+
+@pytest.mark.parametrize("depth", [0.0, 0.3, 1.0])
+def test_pass_key_sits_at_the_asked_depth_and_is_answered(pieces, depth: float) -> None:
+    passkey, corpus = pieces
+    stream = RetrievalStream(corpus, passkey, seed=1)
+    for _ in range(5):
+        tokens, weights = stream.passkey_sequence(300, depth=depth)
+        assert len(tokens) == len(weights) == 300
+        question = first_occurrence(tokens, passkey.question)
+        assert question is not None
+        answer_start = question + len(passkey.question)
+        key = re.search(r"(\d{5})\.", passkey.tokenizer.decode(tokens[answer_start : answer_start + 8].tolist()))
+        assert key is not None, "the question is followed by the answer in the benchmark's format"
+        intro = passkey.intro(key.group(1))
+        start = first_occurrence(tokens, intro)
+        # data.PassKey.prompt: the intro starts at round(room * depth) of the room before the question.
+        assert start == round((question - len(intro)) * depth)
+        answer = passkey.answer(key.group(1))
+        assert np.array_equal(tokens[answer_start : answer_start + len(answer)], answer)
+        assert np.all(weights[answer_start : answer_start + len(answer)] == ANSWER_WEIGHT)
+        digits = passkey.encode(f" {key.group(1)}")
+        assert np.all(weights[start + 5 : start + 5 + len(digits)] == 0.0)  # first sight of the key: no loss
+    assert PASS_KEY_QUESTION in passkey.tokenizer.decode(tokens.tolist())
+
+
+def test_recall_lines_ask_for_the_values_that_were_defined(pieces) -> None:
+    passkey, corpus = pieces
+    stream = RetrievalStream(corpus, passkey, seed=2)
+    for length in (129, 1025):
+        tokens, weights = stream.recall_sequence(length)
+        assert len(tokens) == len(weights) == length
+        text = passkey.tokenizer.decode(tokens.tolist())
+        defined = dict(re.findall(r"\n(\w+_\d) = (\d{5})\n", text))
+        asked = re.findall(r"\nassert (\w+_\d) == (\d{5})\n", text)
+        assert len(asked) >= 2 and len(defined) == len(asked)
+        assert all(defined[name] == value for name, value in asked)
+        assert (weights == ANSWER_WEIGHT).sum() >= 5 * len(asked)

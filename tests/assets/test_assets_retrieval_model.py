@@ -1,0 +1,65 @@
+"""The shipped retrieval model: loads with mlx_lm, is what its card says, retrieves, fits 10 MB."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+ASSETS = Path(__file__).resolve().parents[2] / "veloxd" / "assets"
+MODEL = ASSETS / "tiny-llama-retrieval"
+MAX_BYTES = 10 * 1024 * 1024
+
+
+def test_weights_are_fp16_and_within_size_bound() -> None:
+    import mlx.core as mx
+
+    assert (MODEL / "model.safetensors").stat().st_size <= MAX_BYTES
+    weights = mx.load(str(MODEL / "model.safetensors"))
+    assert {w.dtype for w in weights.values()} == {mx.float16}
+
+
+def test_loads_with_mlx_lm_with_the_heads_its_card_states() -> None:
+    from mlx_lm import load
+
+    config = json.loads((MODEL / "config.json").read_text())
+    card = (MODEL / "MODEL_CARD.md").read_text()
+    assert f"head_dim {config['head_dim']}" in card
+    assert f"{config['num_key_value_heads']} KV heads, head_dim {config['head_dim']}" in card.replace("\n", " ")
+    model, tokenizer = load(str(MODEL))
+    attention = model.layers[0].self_attn
+    assert len(model.layers) == config["num_hidden_layers"]
+    assert (attention.n_heads, attention.n_kv_heads, attention.head_dim) == (4, 2, 64)  # GQA, a second head dim
+    assert tokenizer.encode("def main():") == _tiny_llama_tokenizer().encode("def main():")
+
+
+def _tiny_llama_tokenizer():
+    from mlx_lm import load
+
+    return load(str(ASSETS / "tiny-llama"))[1]
+
+
+def test_training_record_is_reproducible_from_its_commands() -> None:
+    from benchmarks.retrieval_eval import stage_records
+
+    training = json.loads((MODEL / "training.json").read_text())
+    stages = stage_records(training)
+    assert stages[0]["init"] == "scratch" and len(stages) == 2
+    for stage in stages:
+        assert stage["command"].startswith("python -m benchmarks.train_retrieval")
+        assert stage["history"][-1]["step"] == stage.get("stopped_at", stage["steps"])
+        assert set(stage["data_mix"]) == {"passkey", "recall", "code", "max_recalls"}
+        assert not stage["resumed"]
+    assert training["curriculum"][-1][1] == 4096  # the last phase trains real 4096-token sequences
+    assert training["history"][-1]["context"] == 4096
+
+
+@pytest.mark.xfail(strict=True, reason="goal not reached yet: 0 % whole keys with fp16 (MODEL_CARD.md, Status)")
+@pytest.mark.parametrize("context", ["1024", "4096"])
+def test_fp16_cache_retrieves_at_every_depth(context: str) -> None:
+    evaluation = json.loads((MODEL / "model_eval.json").read_text())
+    entry = evaluation["passkey_fp16"][context]
+    assert list(entry["by_depth"]) == [f"{d / 10:.1f}" for d in range(11)]
+    assert entry["trials"] >= 4 * 11
+    assert min(entry["by_depth"].values()) >= 0.95
