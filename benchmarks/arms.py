@@ -88,8 +88,10 @@ def quantizer_arms(quick: bool) -> list[Arm]:
         if info.family != "quantization" or not info.servable:
             continue
         bits = info.bits_choices if not quick else (info.default_bits,)
+        # `affine-<b>` stays the unrotated arm it always was; `affine-rot-<b>` is the (default) rotated one
+        plain = {"affine_rotate": False} if info.name == "affine" else {}
         for b in bits:
-            arms.append(Arm(f"{info.name}-{b}", info.name, "quantization", b))
+            arms.append(Arm(f"{info.name}-{b}", info.name, "quantization", b, dict(plain)))
         if info.name == "affine" and not quick:
             for b in (2, 3, 4):
                 arms.append(Arm(f"affine-rot-{b}", "affine", "quantization", b, {"affine_rotate": True}))
@@ -134,7 +136,8 @@ def hybrid_arms(context: int, quick: bool) -> list[Arm]:
                 continue
             bits = info.default_bits
             label = f"{info.name}-{bits}-{policy_arm.budget}"
-            arms.append(Arm(label, info.name, "hybrid", bits, dict(policy_arm.settings), policy_arm.budget))
+            plain = {**policy_arm.settings, "affine_rotate": False}  # as `affine-<b>`: unrotated
+            arms.append(Arm(label, info.name, "hybrid", bits, plain, policy_arm.budget))
             if info.name == "snapkv_affine" and not quick:  # rotated keys, for outlier channels
                 rotated = {**policy_arm.settings, "affine_rotate": True}
                 label = f"{info.name}-rot-{bits}-{policy_arm.budget}"

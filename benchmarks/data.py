@@ -126,6 +126,27 @@ def random_key(rng: random.Random) -> str:
     return str(rng.randint(10000, 99999))
 
 
+class TextSampler:
+    """Contiguous windows of a corpus' text, documents drawn in proportion to their length."""
+
+    def __init__(self, corpus: TokenizedCorpus, rng: random.Random):
+        self.corpus, self.rng = corpus, rng
+        weights = np.asarray([len(d) for d in corpus.docs], dtype=np.float64)
+        self.cumulative = np.cumsum(weights) / weights.sum()
+
+    def window(self, length: int) -> np.ndarray:
+        """A contiguous window of real text (concatenating following documents if needed)."""
+        index = int(np.searchsorted(self.cumulative, self.rng.random()))
+        index = min(index, len(self.corpus.docs) - 1)
+        doc = self.corpus.docs[index]
+        start = self.rng.randrange(max(1, len(doc) - length))
+        out = doc[start : start + length]
+        while len(out) < length:
+            index = (index + 1) % len(self.corpus.docs)
+            out = np.concatenate([out, self.corpus.docs[index][: length - len(out)]])
+        return out
+
+
 class TrainingStream:
     """Sequences mixing natural text with pass-key and span-copy segments (seeded).
 
@@ -142,20 +163,7 @@ class TrainingStream:
         self.vocab_size = vocab_size
         self.rng = random.Random(seed)
         self.synthetic_fraction = synthetic_fraction
-        self.weights = np.asarray([len(d) for d in corpus.docs], dtype=np.float64)
-        self.cumulative = np.cumsum(self.weights) / self.weights.sum()
-
-    def text(self, length: int) -> np.ndarray:
-        """A contiguous window of real text (concatenating following documents if needed)."""
-        index = int(np.searchsorted(self.cumulative, self.rng.random()))
-        index = min(index, len(self.corpus.docs) - 1)
-        doc = self.corpus.docs[index]
-        start = self.rng.randrange(max(1, len(doc) - length))
-        out = doc[start : start + length]
-        while len(out) < length:
-            index = (index + 1) % len(self.corpus.docs)
-            out = np.concatenate([out, self.corpus.docs[index][: length - len(out)]])
-        return out
+        self.text = TextSampler(corpus, self.rng).window
 
     def span(self, length: int) -> tuple[np.ndarray, bool]:
         if self.rng.random() < 0.5:

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.data import PassKey, TokenizedCorpus, random_key
+from benchmarks.data import PassKey, TextSampler, TokenizedCorpus, random_key
 
 ANSWER_WEIGHT = 4.0
 END_DEPTH_MASS = 0.1  # probability of depth exactly 0.0, and again of exactly 1.0
@@ -89,19 +89,7 @@ class RetrievalStream:
         self.passkey = passkey
         self.mix = mix
         self.rng = random.Random(seed)
-        weights = np.asarray([len(d) for d in corpus.docs], dtype=np.float64)
-        self.cumulative = np.cumsum(weights) / weights.sum()
-
-    def text(self, length: int) -> np.ndarray:
-        """A contiguous window of code text (running on into the next documents if needed)."""
-        index = min(int(np.searchsorted(self.cumulative, self.rng.random())), len(self.corpus.docs) - 1)
-        doc = self.corpus.docs[index]
-        start = self.rng.randrange(max(1, len(doc) - length))
-        out = doc[start : start + length]
-        while len(out) < length:
-            index = (index + 1) % len(self.corpus.docs)
-            out = np.concatenate([out, self.corpus.docs[index][: length - len(out)]])
-        return out
+        self.text = TextSampler(corpus, self.rng).window  # code text, drawn by document length
 
     def sequence(self, length: int) -> tuple[np.ndarray, np.ndarray]:
         roll = self.rng.random()

@@ -22,13 +22,12 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-import numpy as np
 from tokenizers import Tokenizer
 
 from benchmarks.data import PassKey, documents, tokenize
 from benchmarks.model import ASSET
 from benchmarks.retrieval_data import Mix, RetrievalStream
-from benchmarks.train_tiny import Trainer, learning_rate, model_config, phase_at
+from benchmarks.train_tiny import Trainer, learning_rate, log_step, model_config, phase_at
 
 OUT = ASSET.parent / "tiny-llama-retrieval"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -147,15 +146,7 @@ def main(argv: list[str] | None = None) -> int:
         window.append(trainer.run_step(tokens, weights, lr))
         step += 1
         if step % 20 == 0 or step == last:
-            record = {
-                "step": step,
-                "context": length,
-                "loss": round(float(np.mean(window)), 4),
-                "lr": round(lr, 6),
-                "elapsed_min": round((time.time() - train_start) / 60, 2),
-            }
-            history.append(record)
-            print(json.dumps({"event": "step_logged", **record}), flush=True)
+            history.append(log_step(step, length, window, lr, train_start))
             window = []
         if step % args.checkpoint_every == 0 and step < last:
             trainer.save_checkpoint(CHECKPOINT, step)

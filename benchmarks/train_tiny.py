@@ -149,6 +149,19 @@ class Trainer:
         mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
+def log_step(step: int, length: int, losses: list[float], lr: float, train_start: float) -> dict:
+    """One history record (mean loss since the last one), also printed as a JSON event."""
+    record = {
+        "step": step,
+        "context": length,
+        "loss": round(float(np.mean(losses)), 4),
+        "lr": round(lr, 6),
+        "elapsed_min": round((time.time() - train_start) / 60, 2),
+    }
+    print(json.dumps({"event": "step_logged", **record}), flush=True)
+    return record
+
+
 def seconds_per_token(
     trainer: Trainer, stream: TrainingStream, batch_tokens: int, phases: list[tuple[float, int, bool]]
 ) -> dict[int, float]:
@@ -232,15 +245,7 @@ def main(argv: list[str] | None = None) -> int:
         window.append(trainer.run_step(tokens, mask, lr))
         step += 1
         if step % 20 == 0 or step == total:
-            record = {
-                "step": step,
-                "context": length,
-                "loss": round(float(np.mean(window)), 4),
-                "lr": round(lr, 6),
-                "elapsed_min": round((time.time() - train_start) / 60, 2),
-            }
-            history.append(record)
-            print(json.dumps({"event": "step_logged", **record}), flush=True)
+            history.append(log_step(step, length, window, lr, train_start))
             window = []
         if time.time() - last_checkpoint > args.checkpoint_minutes * 60:
             trainer.save_checkpoint(checkpoint_dir, step)

@@ -268,7 +268,7 @@ def test_merge_keys_share_settings(tmp_path: Path) -> None:
 
 def test_serve_argv_and_restart_keys(tmp_path: Path) -> None:
     text = entry(
-        "model: ./model\nport: 8081\nmethod: affine\nbits: 8\nseed: 9\noverrides: {affine_rotate: true}\n"
+        "model: ./model\nport: 8081\nmethod: affine\nbits: 8\nseed: 9\noverrides: {affine_rotate: false}\n"
         "sampling: {temp: 0.2}\nprompt_cache: {bytes: 2G}\napi_key_env: TOKEN\nadapter_path: model\n"
         "env: {A: b}\ndescription: demo"
     )
@@ -306,9 +306,9 @@ def test_serve_argv_and_restart_keys(tmp_path: Path) -> None:
         "coder",
     ]
     assert json.loads(argv[3]) == coder.kv.to_dict()
-    assert json.loads(argv[3])["bits"] == 8 and json.loads(argv[3])["affine_rotate"] is True
+    assert json.loads(argv[3])["bits"] == 8 and json.loads(argv[3])["affine_rotate"] is False
     key = coder.process_key()
-    assert key["overrides.affine_rotate"] is True and key["env.A"] == "b" and key["port"] == 8081
+    assert key["overrides.affine_rotate"] is False and key["env.A"] == "b" and key["port"] == 8081
     assert "description" not in key and "restart.max_failures" not in key
     assert coder.live_key() == {
         "allow_unauthenticated": False,

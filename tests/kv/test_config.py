@@ -90,7 +90,8 @@ def test_registry_fields_are_derived_from_config_metadata():
     assert fields_for("fp16") == ()
     assert "seed" in fields_for("turboquant_mse") and "seed" not in fields_for("kivi")
     assert override_fields_for("affine") == ("recent_window", "affine_group_size", "affine_key_bits", "affine_rotate")
-    assert "recent_window" in override_fields_for("qjl") and "recent_window" not in fields_for("kivi")
+    assert "recent_window" in override_fields_for("turboquant_mse") and "recent_window" not in fields_for("kivi")
+    assert "recent_window" not in fields_for("qjl")
 
 
 def test_registry_flags_are_honest_values():

@@ -19,7 +19,8 @@ from veloxd.kv import registry
 OWN_KEYS = ("bits", "seed")
 TURBOQUANT = ("turboquant_mse", "turboquant_prod")
 SEEDED = (*registry.with_hybrids("affine"), "turboquant_mse", "turboquant_prod", "qjl")
-WINDOWED = ("affine", "turboquant_mse", "turboquant_prod", "qjl")  # the per-token codecs (TokenQuantCache)
+# The per-token codecs whose queries meet exact keys (QJL's queries are sketch projections: none).
+WINDOWED = ("affine", "turboquant_mse", "turboquant_prod")
 # Settings of several methods that mean the same for each: in `overrides`, with no method prefix.
 SHARED = ("recent_window",)
 
@@ -103,10 +104,11 @@ class KVCacheConfig:
         help="Bit width of keys when it differs from values (e.g. 8-bit keys, 4-bit values).",
     )
     affine_rotate: bool = setting(
-        False,
+        True,
         methods=registry.with_hybrids("affine"),
         kind=bool,
-        help="Rotate keys and queries by a randomized Hadamard transform to spread outlier channels.",
+        help="Rotate keys and queries by a randomized Hadamard transform to spread outlier channels "
+        "(default: on, as measured best: docs/results.md).",
     )
     # --- kivi: per-channel keys, per-token values, full-precision recent window ---
     kivi_group_size: int = setting(

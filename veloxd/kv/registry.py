@@ -126,7 +126,7 @@ _SINGLE: tuple[MethodInfo, ...] = (  # the baseline, the quantizers, the evictio
         impl="veloxd.kv.quant.qjl:QJLCache",
         bits_choices=(2, 4, 8),
         default_bits=4,
-        deviations="No separate sketch for outlier channels and no unquantized first layers; one dense Gaussian S per layer (seed + layer index); fp16 key norms. Bits per token and head: qjl_sketch_dim + 16 (key) + Dv * (bits + 32/qjl_value_group_size) (value). The newest recent_window tokens are also kept exact and read instead of their codes by every query within that distance (a KIVI-style residual window over any per-token codec: veloxd.kv.quant.window); after a trim of n tokens the n oldest window slots read codes until new tokens arrive.",
+        deviations="No separate sketch for outlier channels and no unquantized first layers; one dense Gaussian S per layer (seed + layer index); fp16 key norms. Bits per token and head: qjl_sketch_dim + 16 (key) + Dv * (bits + 32/qjl_value_group_size) (value). No recent window (its queries are sketch projections, which exact keys cannot meet).",
     ),
     MethodInfo(
         name="streaming_llm",

@@ -42,7 +42,7 @@ def test_a_hybrid_takes_the_settings_of_both_parts_and_no_other() -> None:
         "seed": 0,
         "affine_group_size": 32,
         "affine_key_bits": 8,
-        "affine_rotate": False,
+        "affine_rotate": True,
         "h2o_budget": 64,
         "h2o_window": 16,
     }

@@ -44,7 +44,7 @@ def test_attention_error_on_random_data():
 
 def test_rotation_spreads_outlier_key_channels():
     q, k, v = data(outliers=True)
-    plain = attention_error(q, k, v, 4)
+    plain = attention_error(q, k, v, 4, affine_rotate=False)
     rotated = attention_error(q, k, v, 4, affine_rotate=True)
     assert rotated < 0.7 * plain, (rotated, plain)
     assert rotated < 0.3
@@ -97,7 +97,8 @@ def test_four_bit_stores_under_030x_of_fp16_at_1024_tokens():
     # the recent window: exact fp16 keys and values of the newest tokens, plus one flag per slot
     B, H, _, D = k.shape
     window = ours.config.recent_window
-    assert window > 0 and ours.nbytes == held + window * B * H * 2 * D * 2 + window * B
+    fixed = sum(a.nbytes for a in ours.codec.constants())  # the rotation's signs (affine_rotate)
+    assert window > 0 and ours.nbytes == held + fixed + window * B * H * 2 * D * 2 + window * B
 
 
 @pytest.mark.parametrize(
@@ -121,7 +122,7 @@ def test_stored_bytes_follow_bits_plus_32_over_group(fields):
     group = fields.get("affine_group_size", 64)
     key_bits = fields.get("affine_key_bits") or fields["bits"]
     analytic_bits = DIM * (key_bits + 32 / group) + DIM * (fields["bits"] + 32 / group)  # per token and head
-    stored = c.nbytes - (DIM * 4 if fields.get("affine_rotate") else 0)  # minus the rotation signs
+    stored = c.nbytes - (DIM * 4 if c.config.affine_rotate else 0)  # minus the rotation signs
     assert abs(stored - HEADS * 1024 * analytic_bits / 8) <= 0.05 * stored
 
 

@@ -80,7 +80,7 @@ def test_state_round_trip_through_mlx_lm(tmp_path):
 
 
 def test_trim_then_continue_equals_fresh_prefill():
-    trimmed, fresh, n = kc.trim_then_continue(KVCacheConfig("qjl", bits=4, recent_window=0))
+    trimmed, fresh, n = kc.trim_then_continue(KVCacheConfig("qjl", bits=4))
     assert n == 10 and mx.array_equal(trimmed, fresh).item()
 
 
@@ -100,7 +100,7 @@ def test_stored_bytes_match_the_analytic_rate(bits, sketch, group):
 
 
 def test_resident_memory_agrees_with_nbytes():
-    grown, nbytes = kc.resident_bytes(KVCacheConfig("qjl", bits=4, recent_window=0))
+    grown, nbytes = kc.resident_bytes(KVCacheConfig("qjl", bits=4))
     per_token = (256 + 16 + 128 * 4.5) / 8
     assert nbytes == pytest.approx(1024 * 2 * per_token + 256 * 128 * 4)  # store + the sketch matrix
     assert grown == pytest.approx(nbytes, rel=0.05)

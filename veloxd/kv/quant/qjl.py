@@ -119,14 +119,10 @@ class QJLCodec(TokenCodec):
         return dict(zip(self.fields, (self.sketch.encode(keys), norms, *v)))
 
     def rotate_queries(self, q: mx.array) -> mx.array:
-        if not self.config.recent_window:
-            return self.sketch.project(q)  # [B, Hq, L, m]: the sketch side of every score
-        # the recent window scores exact keys against q itself: [B, Hq, L, d + m]
-        return mx.concatenate([q, self.sketch.project(q)], axis=-1)
+        return self.sketch.project(q)  # [B, Hq, L, m]: the sketch side of every score
 
     def scores(self, q: mx.array, store: dict[str, mx.array]) -> mx.array:
-        projected = q[..., self.k_dim :] if self.config.recent_window else q
-        return self.sketch.estimate(projected, store["k_signs"], store["k_norms"], self.dense)
+        return self.sketch.estimate(q, store["k_signs"], store["k_norms"], self.dense)
 
     def weighted_values(self, p: mx.array, store: dict[str, mx.array]) -> mx.array:
         values = tuple(store[n] for n in ("v_codes", "v_scales", "v_biases"))  # [B, Hkv, n, ...]

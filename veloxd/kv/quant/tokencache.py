@@ -45,7 +45,7 @@ from typing import Any
 import mlx.core as mx
 
 from veloxd.kv.base import LayerSpec, VeloxCache
-from veloxd.kv.config import KVCacheConfig
+from veloxd.kv.config import WINDOWED, KVCacheConfig
 from veloxd.kv.ops import packing
 from veloxd.kv.ops.blockwise import DEFAULT_BLOCK, blockwise_attention
 from veloxd.kv.quant.window import RecentWindow, WindowRead
@@ -145,8 +145,9 @@ def append_window(
     values: mx.array,
     spare: int = 0,
 ) -> RecentWindow | None:
-    """The window after L new tokens [B, H, L, D] (created on the first; None when recent_window is 0)."""
-    if not config.recent_window:
+    """The window after L new tokens [B, H, L, D] (created on the first; None when recent_window
+    is 0 or does not apply to the method)."""
+    if not config.recent_window or config.method not in WINDOWED:
         return None
     keys, values = codec.window_keys(keys), codec.window_values(values)
     if window is None:
@@ -250,7 +251,7 @@ class TokenQuantCache(VeloxCache):
         self.window = None
         if len(v) > 1:
             n_fields = 0 if self.codec is None else len(self.codec.fields)
-            n_window = WINDOW_ARRAYS if self.config.recent_window else 0
+            n_window = WINDOW_ARRAYS if self.config.recent_window and self.config.method in WINDOWED else 0
             if self.codec is None or len(v) - 1 != n_fields + n_window:
                 raise ValueError(
                     f"{type(self).__name__}: state holds {len(v) - 1} arrays, expected its codec's "
