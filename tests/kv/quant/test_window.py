@@ -120,3 +120,27 @@ def test_window_applies_only_to_per_token_codecs():
         KVCacheConfig("kivi", recent_window=8)
     with pytest.raises(KVConfigError, match="recent_window"):
         KVCacheConfig("affine", recent_window=-1)
+
+
+@pytest.mark.parametrize("method", WINDOWED)
+def test_chunking_does_not_change_what_a_query_reads(method):
+    """The last 8 queries of a 40-token prompt: one chunk, a chunk of 8, or one token at a time,
+    with a 16-token window (so each query's exact span crosses the chunk boundary)."""
+    keys, values = kc.kv(40, seed=11)
+    q = kc.queries(8, seed=12)
+
+    def run(chunks: list[int]) -> mx.array:
+        cache, start, outs = kc.new_cache(config(method, 16)), 0, []
+        for size in chunks:
+            stop = start + size
+            cache.update_and_fetch(keys[:, :, start:stop], values[:, :, start:stop])
+            wanted = q[:, :, max(0, start - 32) : stop - 32]  # the prompt's last 8 queries
+            out = cache.attend(q[:, :, :size] if stop <= 32 else wanted, kc.SCALE, "causal")
+            if stop > 32:
+                outs.append(out[:, :, -wanted.shape[2] :])
+            start = stop
+        return mx.concatenate(outs, axis=2)
+
+    one_chunk, two_chunks, tokens = run([40]), run([32, 8]), run([32] + [1] * 8)
+    assert mx.allclose(one_chunk, two_chunks, atol=1e-5).item()
+    assert mx.allclose(one_chunk, tokens, atol=1e-5).item()
