@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from tests.fixtures.daemon_harness import DaemonHarness
 from tests.gateway.support import GATEWAY, fake_entry, gateway_yaml, model_dir, models, post
@@ -143,6 +144,30 @@ def test_gateway_page_starts_and_unloads_on_demand_servers(gateway: tuple[Daemon
     assert h.server("alpha")["state"] == "ready"
 
 
+def click_action(tab: Any, selector: str, attempts: int = 5) -> str:
+    """Click an action button and return the page's answer ("done" or "refused: why").
+
+    The rows are rebuilt on every state update, so under load a click can meet a button that is
+    being replaced and send nothing (a CI run saw that): each attempt clears the answer, clicks,
+    and waits for a new one, within the usual deadline; a refusal is retried, then returned.
+    """
+    answer = ""
+    for _ in range(attempts):
+        tab.evaluate("document.getElementById('action-result').textContent = ''")
+        tab.wait_for_selector(selector, state="visible", timeout=TIMEOUT_MS)
+        tab.click(selector)
+        try:
+            tab.wait_for_function(
+                "document.getElementById('action-result').textContent !== ''", timeout=TIMEOUT_MS / attempts
+            )
+        except PlaywrightTimeout:  # no answer: the click sent nothing; try again
+            continue
+        answer = tab.inner_text("#action-result")
+        if answer == "done":
+            return answer
+    return answer or "no answer"
+
+
 def test_gateway_page_in_a_browser_lists_the_servers(browser: Any, gateway: tuple[DaemonHarness, Page]) -> None:  # noqa: F811
     """The page on the gateway's port, in Chromium: a row per server with its state, on-demand ones
     stopped; a request for `one` turns its row ready without reloading the page; with the token
@@ -165,14 +190,14 @@ def test_gateway_page_in_a_browser_lists_the_servers(browser: Any, gateway: tupl
         assert tab.locator(f"{two} button.unload").is_hidden()  # stopped: only start is offered
         assert tab.locator(f"{one} button.start").is_hidden()  # ready: only unload
         assert tab.locator("tr[data-server='alpha'] button.start").is_hidden()  # always: never
-        tab.click(f"{one} button.unload")
+        assert click_action(tab, f"{one} button.unload") == "done"
         tab.wait_for_selector(f"{one}[data-state='stopped']", timeout=TIMEOUT_MS)
         assert h.wait_event("server_unloaded", server="one")["reason"] == "manual"
         mark = h.mark()
-        tab.click(f"{one} button.start")  # `one`, not `two`: no idle_unload_s to end its ready state early
+        # `one`, not `two`: no idle_unload_s to end its ready state early
+        assert click_action(tab, f"{one} button.start") == "done"
         h.wait_event("server_start_requested", server="one", after=mark)
         tab.wait_for_selector(f"{one}[data-state='ready']", timeout=TIMEOUT_MS)
-        assert tab.inner_text("#action-result") == "done"
         assert tab.evaluate("window.veloxdTestMarker") == "not reloaded"
     finally:
         tab.close()
