@@ -134,7 +134,9 @@ class OnDemand:
         server = self.supervisor.servers[name]
         if server.state is S.FATAL:
             return {"ok": False, "error": f"server {name!r} is fatal: {server.fatal_reason}", "state": "fatal"}
-        if server.state is not S.STOPPED or any(name in r.start for r in self.supervisor.rollouts):
+        # A start asked while the server is still stopping (an unload a moment ago) is queued after
+        # that stop; answering "already" would drop it, since stopping ends in STOPPED.
+        if server.state not in (S.STOPPED, S.STOPPING) or any(name in r.start for r in self.supervisor.rollouts):
             return {"ok": True, "state": server.state.value, "already": True}
         self._log.info("server_start_requested", server=name, by="gateway", unload=list(unload))
         for victim in unload:
@@ -145,7 +147,9 @@ class OnDemand:
                 pid=self.supervisor.servers[victim].pid,
                 for_server=name,
             )
-        self.supervisor.begin(Rollout(stop=set(unload), start={name: None}, reason="on_demand"), now)
+        # A stopping server is in the stop set, so the start waits for its exit whatever stops it.
+        stop = set(unload) | ({name} if server.state is S.STOPPING else set())
+        self.supervisor.begin(Rollout(stop=stop, start={name: None}, reason="on_demand"), now)
         return {"ok": True, "state": server.state.value}
 
     def _unloadable(self, name: str) -> str | None:

@@ -73,8 +73,11 @@ async def start_now(fleet: Fleet, name: str) -> dict[str, Any]:
     refused = _on_demand(fleet, name)
     if refused is not None:
         return refused
+    # The page follows the daemon's state stream, which can be ahead of the gateway's polled view
+    # (a click on start right after an unload): decide on a fresh view, never a stale one.
+    await fleet.refresh()
     state = fleet.servers[name]["state"]
-    if state != "stopped" or fleet.start_pending(name):
+    if state not in ("stopped", "stopping") or fleet.start_pending(name):
         return {"ok": True, "state": state, "already": True}
     fleet.slot(name).last_used = fleet.clock()  # idle_unload_s counts from this start, as from a request
     try:

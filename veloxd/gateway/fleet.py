@@ -226,7 +226,7 @@ class Fleet:
                 self.tally.admitted(name)
                 for victim in decision.unload:
                     self.tally.unloaded(victim, "admission")
-            if answer.get("state") == "stopped":  # the victims stop first; the start follows
+            if answer.get("state") in ("stopped", "stopping"):  # stops first (victims, an unload); the start follows
                 self._pending[name] = self.clock() + self.start_timeout_s()
             return answer
 
