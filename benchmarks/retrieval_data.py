@@ -1,7 +1,12 @@
 """Training sequences for the retrieval model: code text, pass-key prompts and key=value recall.
 
-Three kinds of sequence, seeded so a run is reproducible:
+Four kinds of sequence, seeded so a run is reproducible:
 - plain code text (the model stays a code model);
+- a random-id block repeated after random-id separators (off by default, `--copy`): the densest
+  signal for the induction circuit. Measured (2026-12-02, from scratch, 2 cores): in 400 steps of
+  such data only, copy loss fell from 7.6 to 3.0 nats at 32 tokens and to 4.4 at 48, and stayed
+  at 7.2 at 192, the plateau before an induction head forms growing with the context (quadratic
+  in it, Musat et al. 2025, arXiv:2511.01033);
 - a pass-key prompt in exactly the benchmark's format (data.PassKey), the key at a random depth
   (with extra mass at the ends 0.0 and 1.0, which the benchmark asks for), answered at the end;
 - several `name = value` lines embedded in code text, then recall lines `name == value` at the
@@ -20,6 +25,7 @@ import numpy as np
 from benchmarks.data import PassKey, TextSampler, TokenizedCorpus, random_key
 
 ANSWER_WEIGHT = 4.0
+VOCAB = 2048  # the shared tiny-llama tokenizer's; ids below 6 are special tokens
 END_DEPTH_MASS = 0.1  # probability of depth exactly 0.0, and again of exactly 1.0
 NAME_WORDS = [
     "alpha",
@@ -59,10 +65,17 @@ class Mix:
     passkey: float = 0.45
     recall: float = 0.3
     max_recalls: int = 6  # recall pairs per sequence, at most (long sequences carry more signal)
+    copy: float = 0.0
 
     def to_dict(self) -> dict[str, float]:
-        code = round(1 - self.passkey - self.recall, 4)
-        return {"passkey": self.passkey, "recall": self.recall, "code": code, "max_recalls": self.max_recalls}
+        code = round(1 - self.passkey - self.recall - self.copy, 4)
+        return {
+            "passkey": self.passkey,
+            "recall": self.recall,
+            "copy": self.copy,
+            "code": code,
+            "max_recalls": self.max_recalls,
+        }
 
 
 def key_depth(rng: random.Random) -> float:
@@ -97,7 +110,32 @@ class RetrievalStream:
             return self.passkey_sequence(length)
         if roll < self.mix.passkey + self.mix.recall:
             return self.recall_sequence(length)
+        if roll < self.mix.passkey + self.mix.recall + self.mix.copy:
+            return self.copy_sequence(length)
         return self.text(length), np.ones(length, dtype=np.float32)
+
+    def copy_sequence(self, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """One random-id block of 4 to length/3 ids, repeated after random-id separators until full.
+
+        The induction (look up, then copy) circuit that retrieval is made of. The separators'
+        random lengths leave no fixed offset to copy from, so only matching content predicts a
+        repeat. The block's first sight, its first id each time, and the separators weigh 0.
+        """
+        block = self._random_ids(self.rng.randint(4, max(4, length // 3)))
+        pieces: list[np.ndarray] = []
+        weights: list[np.ndarray] = []
+        used = 0
+        while used < length:
+            separator = self._random_ids(self.rng.randint(1, max(1, length // 8)))
+            repeat = np.zeros(len(block), np.float32) if not pieces else np.ones(len(block), np.float32)
+            repeat[0] = 0.0
+            pieces += [separator, block]
+            weights += [np.zeros(len(separator), np.float32), repeat]
+            used += len(separator) + len(block)
+        return np.concatenate(pieces)[:length], np.concatenate(weights)[:length]
+
+    def _random_ids(self, count: int) -> np.ndarray:
+        return np.asarray([self.rng.randrange(6, VOCAB) for _ in range(count)], dtype=np.int32)
 
     def passkey_sequence(self, length: int, depth: float | None = None) -> tuple[np.ndarray, np.ndarray]:
         """A benchmark-format prompt of `length - len(answer)` tokens, then the answer.
@@ -152,11 +190,11 @@ class RetrievalStream:
             weights += [np.ones(len(question), np.float32), np.full(len(answer), ANSWER_WEIGHT, np.float32)]
         return np.concatenate(pieces), np.concatenate(weights)
 
-    def batch(self, batch_size: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+    def batch(self, batch_size: int, length: int, copy_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(batch, length + 1) tokens and (batch, length) loss weights aligned with the targets."""
         rows, masks = [], []
         for _ in range(batch_size):
-            tokens, weights = self.sequence(length + 1)
+            tokens, weights = self.copy_sequence(length + 1) if copy_only else self.sequence(length + 1)
             rows.append(tokens)
             masks.append(weights[1:])
         return np.stack(rows).astype(np.int32), np.stack(masks)

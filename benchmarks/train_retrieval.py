@@ -27,23 +27,24 @@ from tokenizers import Tokenizer
 from benchmarks.data import PassKey, documents, tokenize
 from benchmarks.model import ASSET
 from benchmarks.retrieval_data import Mix, RetrievalStream
+from benchmarks.retrieval_probe import Probe
 from benchmarks.train_tiny import Trainer, learning_rate, log_step, model_config, phase_at
 
 OUT = ASSET.parent / "tiny-llama-retrieval"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 CHECKPOINT = Path(".cache/train_retrieval_checkpoint")
-# (fraction of the steps at which the phase starts, context length, unused flag kept for
-# train_tiny.phase_at). Short sequences first: many retrieval examples per step while the lookup
+# (fraction of the steps at which the phase starts, context length, copy-only warm-up). Short sequences first: many retrieval examples per step while the lookup
 # circuit forms; then 1024 and a quarter of the steps on real 4096-token sequences (batch 1).
 CURRICULUM = [(0.0, 128, False), (0.3, 256, False), (0.55, 1024, False), (0.75, 4096, False)]
 
 
 def parse_curriculum(text: str) -> list[tuple[float, int, bool]]:
-    """ "0:256,0.4:1024" -> [(0.0, 256, False), (0.4, 1024, False)]."""
+    """ "0:32c,0.2:256,0.4:1024" -> [(0.0, 32, True), (0.2, 256, False), (0.4, 1024, False)]: a `c`
+    phase trains on repeated random blocks only (retrieval_data.copy_sequence), an induction warm-up."""
     phases = []
     for part in text.split(","):
         start, length = part.split(":")
-        phases.append((float(start), int(length), False))
+        phases.append((float(start), int(length.rstrip("c")), length.endswith("c")))
     return phases
 
 
@@ -64,6 +65,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--passkey", type=float, default=Mix.passkey, help="fraction of pass-key sequences")
     p.add_argument("--recall", type=float, default=Mix.recall, help="fraction of key=value recall sequences")
     p.add_argument("--max-recalls", type=int, default=Mix.max_recalls, help="recall pairs per sequence, at most")
+    p.add_argument("--copy", type=float, default=Mix.copy, help="fraction of repeated random-span sequences")
+    p.add_argument("--probe-every", type=int, default=50, help="steps between pass-key probes (0 = none)")
     p.add_argument("--curriculum", type=parse_curriculum, default=CURRICULUM, help="start:length,... (step fractions)")
     p.add_argument(
         "--stop-at", type=int, default=0, help="end after this step of the --steps schedule (0 = run it all)"
@@ -112,13 +115,20 @@ def measure(trainer: Trainer, stream: RetrievalStream, args: argparse.Namespace)
         )
 
 
+def probe_step(probes: dict[int, Probe], step: int, length: int, trainer: Trainer) -> dict:
+    """Whole-key accuracy on held-out prompts at the current context length, logged as an event."""
+    record = {"step": step, "probe_context": length, "whole_key": probes[length].accuracy(trainer.model)}
+    print(json.dumps({"event": "retrieval_probed", **record}), flush=True)
+    return record
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.time()
     tokenizer = Tokenizer.from_file(str(ASSET / "tokenizer.json"))
     corpus = tokenize(tokenizer, documents()["train"])
     config = config_for(args)
-    mix = Mix(args.passkey, args.recall, args.max_recalls)
+    mix = Mix(args.passkey, args.recall, args.max_recalls, args.copy)
     trainer = Trainer(args, config)
     if args.init is not None:
         trainer.model.load_weights(str(args.init / "model.safetensors"))
@@ -133,21 +143,25 @@ def main(argv: list[str] | None = None) -> int:
         history = json.loads((CHECKPOINT / "history.json").read_text())
         # Replay the data stream to where the checkpoint left it, so a resumed run sees the same data.
         for replay in range(step):
-            _, length, _ = phase_at(args.curriculum, replay / args.steps)
-            stream.batch(max(1, args.batch_tokens // length), length)
+            _, length, copy_only = phase_at(args.curriculum, replay / args.steps)
+            stream.batch(max(1, args.batch_tokens // length), length, copy_only)
+    held_out = tokenize(tokenizer, documents()["held_out"])
+    probes = {n: Probe(PassKey(tokenizer), held_out, n) for _, n, copy in args.curriculum if not copy}
     window: list[float] = []
     train_start = time.time()
     last = args.stop_at or args.steps
     while step < last:
         progress = step / args.steps
-        _, length, _ = phase_at(args.curriculum, progress)
-        tokens, weights = stream.batch(max(1, args.batch_tokens // length), length)
+        _, length, copy_only = phase_at(args.curriculum, progress)
+        tokens, weights = stream.batch(max(1, args.batch_tokens // length), length, copy_only)
         lr = learning_rate(step, progress, args)
         window.append(trainer.run_step(tokens, weights, lr))
         step += 1
         if step % 20 == 0 or step == last:
             history.append(log_step(step, length, window, lr, train_start))
             window = []
+        if args.probe_every and (step % args.probe_every == 0 or step == last) and length in probes:
+            history.append(probe_step(probes, step, length, trainer))
         if step % args.checkpoint_every == 0 and step < last:
             trainer.save_checkpoint(CHECKPOINT, step)
             (CHECKPOINT / "history.json").write_text(json.dumps(history))
@@ -161,13 +175,14 @@ def main(argv: list[str] | None = None) -> int:
         "batch_tokens": args.batch_tokens,
         "tokens_seen": args.steps * args.batch_tokens,
         "stopped_at": step,
-        "curriculum": [(start, length) for start, length, _ in args.curriculum],
+        "curriculum": [(start, f"{length}c" if copy else length) for start, length, copy in args.curriculum],
         "data_mix": mix.to_dict(),
         "init": str(args.init) if args.init else "scratch",
         # a fine-tune carries the record of what it started from
         "init_training": json.loads((args.init / "training.json").read_text()) if args.init else None,
         "train_tokens_in_corpus": corpus.total,
-        "final_loss": history[-1]["loss"] if history else None,
+        "final_loss": next((r["loss"] for r in reversed(history) if "loss" in r), None),
+        "final_probe": next((r for r in reversed(history) if "whole_key" in r), None),
         "train_minutes": round((time.time() - train_start) / 60, 2),
         "total_minutes": round((time.time() - started) / 60, 2),
         "resumed": bool(args.resume),

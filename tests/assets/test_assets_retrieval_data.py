@@ -69,3 +69,23 @@ def test_recall_lines_ask_for_the_values_that_were_defined(pieces) -> None:
         assert len(asked) >= 2 and len(defined) == len(asked)
         assert all(defined[name] == value for name, value in asked)
         assert (weights == ANSWER_WEIGHT).sum() >= 5 * len(asked)
+
+
+def test_copy_blocks_repeat_after_random_separators_and_only_repeats_weigh(pieces) -> None:
+    passkey, corpus = pieces
+    stream = RetrievalStream(corpus, passkey, seed=4)
+    for length in (33, 257):
+        tokens, weights = stream.copy_sequence(length)
+        assert len(tokens) == len(weights) == length
+        weighed = np.flatnonzero(weights)
+        assert len(weighed) > 0
+        assert set(np.unique(weights)) <= {0.0, 1.0} and weights[0] == 0.0
+        for i in weighed:  # a weighed token is a copy: it and the id before it were seen together
+            before = np.flatnonzero(tokens[: i - 1] == tokens[i - 1])
+            assert any(tokens[j + 1] == tokens[i] for j in before), i
+    offsets = set()
+    for seed in range(6):  # separators of random length: the repeat's offset varies
+        tokens, weights = RetrievalStream(corpus, passkey, seed=seed).copy_sequence(257)
+        i = int(np.flatnonzero(weights)[0])
+        offsets.add(i - int(np.flatnonzero(tokens[:i] == tokens[i])[0]))
+    assert len(offsets) > 1

@@ -150,9 +150,7 @@ def test_a_start_asked_while_the_server_is_still_stopping_follows_the_stop(tmp_p
     the server comes back, instead of an "already" that leaves it stopped."""
     h = DaemonHarness(tmp_path)
     page = Page(h, free_port(), process=GATEWAY)
-    slow_stop = fake_entry(
-        model_dir(tmp_path, "m"), start="on_demand", stop_timeout_s=6, env={"FAKE_IGNORE_TERM": "1"}
-    )
+    slow_stop = fake_entry(model_dir(tmp_path, "m"), start="on_demand", stop_timeout_s=6, env={"FAKE_IGNORE_TERM": "1"})
     h.write(gateway_yaml({"port": page.port, "api_key_env": "GW_KEY"}, {"slow": slow_stop}))
     try:
         h.start(env={"GW_KEY": TOKEN})
