@@ -141,3 +141,22 @@ def test_status_without_a_daemon_says_so(tmp_path: Path) -> None:
     assert status.returncode == 1 and "no state file" in status.stderr
     reload = h.cli("reload")
     assert reload.returncode == 1 and "no veloxd daemon is listening" in reload.stderr
+
+
+def test_nothing_starts_again_once_the_daemon_is_stopping(tmp_path: Path) -> None:
+    """A restart asked for while the daemon waits for a stubborn worker to exit (SIGTERM ignored,
+    SIGKILL after its stop_timeout_s) is refused with the reason, and nothing is spawned again."""
+    h = DaemonHarness(tmp_path)
+    try:
+        h.write({"stubborn": entry(free_port(), stop_timeout_s=8, env={"FAKE_IGNORE_TERM": "1"})})
+        h.start()
+        h.wait_states({"stubborn": "ready"})
+        mark = h.mark()
+        h.signal(signal.SIGTERM)
+        h.wait_event("daemon_stopping", after=mark)
+        answer = h.cli("restart", "stubborn")
+        assert answer.returncode != 0 and "the daemon is stopping" in answer.stdout + answer.stderr, answer
+        assert h.proc is not None and h.proc.wait(60) == 0
+        assert "server_starting" not in [r["event"] for r in h.records()[mark:]]
+    finally:
+        h.cleanup()

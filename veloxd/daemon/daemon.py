@@ -166,9 +166,6 @@ class Daemon:
             if msg.source == "sighup":  # newsyslog/logrotate convention: SIGHUP reopens the log too
                 self._reopen_logs("sighup")
             self._request_reload(now, msg.source, msg.reply)
-        elif isinstance(msg, (m.RestartRequested, m.StartRequested)) and self._stopping:
-            if msg.reply:  # shutting down: nothing starts again
-                msg.reply.send({"ok": False, "error": "the daemon is stopping"})
         elif isinstance(msg, m.RestartRequested):
             self._restart(msg, now)
         elif isinstance(msg, (m.GatewayViewRequested, m.StartRequested, m.UnloadRequested)):
