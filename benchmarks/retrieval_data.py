@@ -3,10 +3,10 @@
 Four kinds of sequence, seeded so a run is reproducible:
 - plain code text (the model stays a code model);
 - a random-id block repeated after random-id separators (off by default, `--copy`): the densest
-  signal for the induction circuit. Measured (2026-12-02, from scratch, 2 cores): in 400 steps of
-  such data only, copy loss fell from 7.6 to 3.0 nats at 32 tokens and to 4.4 at 48, and stayed
-  at 7.2 at 192, the plateau before an induction head forms growing with the context (quadratic
-  in it, Musat et al. 2025, arXiv:2511.01033);
+  signal for the induction circuit. Measured (2026-12-02, from scratch, 2 cores, docs/results.md):
+  on such data only, copy loss fell from 7.6 to 2.8 nats in 400 steps at 32 tokens and to 4.1 at
+  48, and stayed at 7.2 after 300 at 192: the plateau before an induction head forms grows with
+  the context (quadratically, Musat et al. 2025, arXiv:2511.01033);
 - a pass-key prompt in exactly the benchmark's format (data.PassKey), the key at a random depth
   (with extra mass at the ends 0.0 and 1.0, which the benchmark asks for), answered at the end;
 - several `name = value` lines embedded in code text, then recall lines `name == value` at the
