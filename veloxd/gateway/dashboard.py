@@ -75,7 +75,10 @@ async def start_now(fleet: Fleet, name: str) -> dict[str, Any]:
         return refused
     # The page follows the daemon's state stream, which can be ahead of the gateway's polled view
     # (a click on start right after an unload): decide on a fresh view, never a stale one.
-    await fleet.refresh()
+    try:
+        await fleet.refresh()
+    except DaemonGone as err:
+        return {"ok": False, "error": str(err)}
     state = fleet.servers[name]["state"]
     if state not in ("stopped", "stopping") or fleet.start_pending(name):
         return {"ok": True, "state": state, "already": True}
