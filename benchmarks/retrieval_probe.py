@@ -35,7 +35,6 @@ class Probe:
         # Right-padded with id 0: causal attention never lets padding reach the scored positions.
         self.tokens = np.stack([np.pad(r, (0, width - len(r))) for r in rows]).astype(np.int32)  # (n, width)
         self.spans = [(len(r) - a, len(r)) for r, a in zip(rows, answers)]  # answer [start, end) per row
-        self.length = length
 
     def token_hits(self, model: Any, batch: int = 4) -> list[np.ndarray]:
         """Per prompt, whether each answer token is the argmax (teacher-forced)."""

@@ -33,8 +33,9 @@ from benchmarks.train_tiny import Trainer, learning_rate, log_step, model_config
 OUT = ASSET.parent / "tiny-llama-retrieval"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
 CHECKPOINT = Path(".cache/train_retrieval_checkpoint")
-# (fraction of the steps at which the phase starts, context length, copy-only warm-up). Short sequences first: many retrieval examples per step while the lookup
-# circuit forms; then 1024 and a quarter of the steps on real 4096-token sequences (batch 1).
+# (fraction of the steps at which the phase starts, context length, copy-only warm-up). Short
+# sequences first: many retrieval examples per step while the lookup circuit forms; then 1024 and
+# a quarter of the steps on real 4096-token sequences (batch 1).
 CURRICULUM = [(0.0, 128, False), (0.3, 256, False), (0.55, 1024, False), (0.75, 4096, False)]
 
 

@@ -70,15 +70,15 @@ def _on_demand(fleet: Fleet, name: str) -> dict[str, Any] | None:
 
 async def start_now(fleet: Fleet, name: str) -> dict[str, Any]:
     """The page's start: admission and start, as a first request would do, without waiting for ready."""
-    refused = _on_demand(fleet, name)
-    if refused is not None:
-        return refused
     # The page follows the daemon's state stream, which can be ahead of the gateway's polled view
     # (a click on start right after an unload): decide on a fresh view, never a stale one.
     try:
         await fleet.refresh()
     except DaemonGone as err:
         return {"ok": False, "error": str(err)}
+    refused = _on_demand(fleet, name)
+    if refused is not None:
+        return refused
     state = fleet.servers[name]["state"]
     if state not in ("stopped", "stopping") or fleet.start_pending(name):
         return {"ok": True, "state": state, "already": True}
