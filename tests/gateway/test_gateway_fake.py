@@ -241,6 +241,26 @@ def test_client_disconnect_cancels_the_upstream_request(harness: DaemonHarness, 
     assert record["status"] == 499 and record["error"] == "client disconnected"
 
 
+def test_a_client_leaving_right_after_done_is_a_whole_answer(harness: DaemonHarness, tmp_path: Path) -> None:
+    """The openai package closes its connection on `data: [DONE]`, often before the worker closes its own."""
+    h = harness
+    gateway = {"port": free_port()}
+    lingering = {"FAKE_LINGER_S": "5"}
+    h.write(gateway_yaml(gateway, {"alpha": fake_entry(model_dir(tmp_path, "m"), port=free_port(), env=lingering)}))
+    h.start()
+    h.wait_states({GATEWAY: "ready", "alpha": "ready"})
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{gateway['port']}/v1/completions",
+        data=json.dumps({"model": "alpha", "prompt": "x", "stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    with urllib.request.urlopen(request, timeout=30) as response:
+        lines = iter(response.readline, b"")
+        assert any(line.startswith(b"data: [DONE]") for line in lines)
+    record = h.wait_event("gateway_request", server="alpha", timeout=30)
+    assert (record["status"], record["error"], record["tokens_out"]) == (200, None, 8)
+
+
 def test_always_servers_over_budget_are_reported_by_check_plan_and_the_daemon(
     harness: DaemonHarness, tmp_path: Path
 ) -> None:

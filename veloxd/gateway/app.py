@@ -161,7 +161,8 @@ async def completion(request: web.Request) -> web.StreamResponse:
             await response.write_eof()
         return response
     except asyncio.CancelledError:  # the client went away (handler_cancellation): upstream is closed too
-        record.status, record.error = 499, "client disconnected"
+        if not record.answered:
+            record.status, record.error = 499, "client disconnected"
         raise
     finally:
         request.app[ACCOUNTING].finish(record)

@@ -78,10 +78,12 @@ class RequestRecord:
     queued_s: float = 0.0  # waiting for a start and for a concurrency slot
     first_byte_s: float | None = None
     latency_s: float | None = None
+    answered: bool = False  # the client was sent the whole answer: leaving after it is no disconnect
 
     def fields(self) -> dict[str, Any]:
         out = dict(vars(self))  # flat fields: no deep copy (asdict costs more than the rest of the event)
         out.pop("started")
+        out.pop("answered")
         for key in ("queued_s", "first_byte_s", "latency_s"):
             if out[key] is not None:
                 out[key] = round(out[key], 4)

@@ -81,8 +81,11 @@ async def _stream(
                 return response
             if b'"usage"' in chunk or DONE in chunk:
                 window = tail + chunk
-                finished = finished or DONE in window
+                finished = DONE in window
                 _count_stream_usage(window, record)
+                if finished:  # the answer is whole: a client that closes now (openai does) is no disconnect
+                    record.answered = True
+                    break
             tail = chunk[-64:]
     except (UpstreamBroken, ConnectionError) as err:
         record.error = f"upstream: {err!r}"
@@ -103,7 +106,8 @@ async def _stream(
     try:
         await response.write_eof()
     except ConnectionError:
-        record.status, record.error = 499, "client disconnected"
+        if not record.answered:
+            record.status, record.error = 499, "client disconnected"
     return response
 
 
