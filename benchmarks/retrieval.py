@@ -33,7 +33,7 @@ MODEL = ASSET.parent / "tiny-llama-retrieval"
 CONTEXTS = (1024, 4096)
 DEPTHS = tuple(i / 10 for i in range(11))
 FRACTIONS = (0.25, 0.5)
-KEYS_PER_DEPTH = {1024: 1, 4096: 1}
+KEYS_PER_DEPTH = {1024: 2, 4096: 1}
 # Measured on 2 shared cores: a 4k trial costs 2-12 s per arm (quantizers and evicting caches far
 # more than fp16), so 27 arms x 11 depths at 4k alone would take ~30 min; 4k takes every other depth.
 DEPTHS_AT = {1024: DEPTHS, 4096: DEPTHS[::2]}
@@ -63,7 +63,9 @@ def budget_arms(context: int, fractions: tuple[float, ...] = FRACTIONS) -> list[
 def all_arms(context: int) -> list[arm_defs.Arm]:
     """fp16 (the reference) first, then mlx_lm's q4, the quantizers and the budgeted methods."""
     head = [arm_defs.Arm("fp16", "fp16", "baseline"), arm_defs.Arm("mlx-q4", arm_defs.PEER, "peer", 4)]
-    return head + arm_defs.quantizer_arms(quick=True) + budget_arms(context)
+    # quantizer_arms' `affine-4` is the unrotated arm; veloxd.yaml's default affine rotates
+    defaults = [arm_defs.Arm("affine-rot-4", "affine", "quantization", 4, {"affine_rotate": True})]
+    return head + arm_defs.quantizer_arms(quick=True) + defaults + budget_arms(context)
 
 
 def scores_by_depth(model: Any, make_caches: Any, cases: list) -> dict[str, Any]:

@@ -2,8 +2,8 @@
 
 Four kinds of sequence, seeded so a run is reproducible:
 - plain code text (the model stays a code model);
-- a random-id block repeated after random-id separators (off by default, `--copy`): the densest
-  signal for the induction circuit. Measured (2026-12-02, from scratch, 2 cores, docs/results.md):
+- a random-id block repeated after random-id separators (`--copy`): the densest signal for the
+  induction circuit. Measured (2026-12-02, from scratch, 2 cores, docs/results.md):
   on such data only, copy loss fell from 7.6 to 2.8 nats in 400 steps at 32 tokens and to 4.1 at
   48, and stayed at 7.2 after 300 at 192: the plateau before an induction head forms grows with
   the context (quadratically, Musat et al. 2025, arXiv:2511.01033);
@@ -62,10 +62,10 @@ NAME_WORDS = [
 class Mix:
     """Fractions of each kind of sequence (the rest is plain code text)."""
 
-    passkey: float = 0.45
+    passkey: float = 0.4
     recall: float = 0.3
     max_recalls: int = 6  # recall pairs per sequence, at most (long sequences carry more signal)
-    copy: float = 0.0
+    copy: float = 0.1
 
     def to_dict(self) -> dict[str, float]:
         code = round(1 - self.passkey - self.recall - self.copy, 4)

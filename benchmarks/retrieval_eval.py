@@ -19,7 +19,7 @@ from benchmarks.data import TokenizedCorpus, long_held_out
 from benchmarks.provenance import provenance
 from benchmarks.retrieval import CONTEXTS, DEPTHS, MODEL, load_inputs, run
 
-KEYS_PER_DEPTH = 4
+KEYS_PER_DEPTH = 20  # 95 % of a cell allows one miss in 20
 REQUIRED = 0.95
 
 
@@ -48,10 +48,28 @@ def stage_records(training: dict) -> list[dict]:
 
 
 def stage_line(number: int, t: dict) -> str:
+    attention = next((r["attention_loss"] for r in reversed(t["history"]) if "attention_loss" in r), None)
+    loss = f"final loss {t['final_loss']}"
+    if attention is not None:  # the logged loss is the objective: LM + guide x attention
+        loss += f" (LM + {t['args']['guide']} x attention loss {attention})"
     return (
         f"{number}. `{t['command']}`: seed {t['seed']}, {t.get('stopped_at', t['steps'])} of {t['steps']} "
         f"scheduled steps of {t['batch_tokens']} tokens, curriculum (step fraction, length) {t['curriculum']}, "
-        f"mix {t['data_mix']}, final loss {t['final_loss']}, {t['train_minutes']} min."
+        f"mix {t['data_mix']}, {loss}, {t['train_minutes']} min."
+    )
+
+
+def guide_text(training: dict) -> str:
+    weights = {stage["args"].get("guide", 0.0) for stage in stage_records(training)}
+    if weights == {0.0}:
+        return "nothing else (no attention supervision)"
+    return (
+        f"an attention-supervision loss (weight {', '.join(str(w) for w in sorted(weights))}; "
+        "`benchmarks/attention_guide.py`): two heads of layer 0 are taught to attend one and two tokens back, "
+        "one head of layer 1 to the token after the latest earlier occurrence of the current bigram (the "
+        "induction circuit of Olsson et al. 2022). Without it no induction head formed in the runs this machine "
+        "affords (docs/results.md); what the heads write is learned from the LM loss, and inference is mlx_lm's "
+        "plain llama"
     )
 
 
@@ -66,10 +84,8 @@ def card(config: dict, training: dict, evaluation: dict, weights_bytes: int) -> 
         f"Status: meets the goal (at least {REQUIRED * 100:.0f} % at every context and depth)."
         if worst >= REQUIRED
         else f"Status: does NOT meet the goal of {REQUIRED * 100:.0f} % at every context and depth (worst cell "
-        f"{worst * 100:.0f} %): whole keys are not retrieved. The answer-token figures include the leading "
-        "space and the full stop, which need no retrieval (about 0.3 of the tokens: a cache that evicted the key "
-        "scores that much too), so they show little retrieval at 1k and none at 4k. It needs far more training "
-        "than this run's ~27 min on shared cores."
+        f"{worst * 100:.0f} %). The answer-token figures include the leading space and the full stop, which "
+        "need no retrieval (about 0.3 of the tokens: a cache that evicted the key scores that much too)."
     )
     tokens = ", ".join(f"{c}: {e['token_accuracy'] * 100:.0f} %" for c, e in evaluation["passkey_fp16"].items())
     stages = "\n".join(stage_line(i + 1, t) for i, t in enumerate(stage_records(training)))
@@ -86,8 +102,9 @@ and 4k tokens (measured below): the benchmark model for what KV compression does
 {stages}
 
 Data (`benchmarks/retrieval_data.py`): CPython stdlib sources (train split), pass-key prompts in the
-benchmark's format (key at a random depth, extra mass at 0.0 and 1.0) and code with `name = value`
-lines recalled at the end. Machine: {training["machine"]}.
+benchmark's format (key at a random depth, extra mass at 0.0 and 1.0), code with `name = value`
+lines recalled at the end, and random-id blocks repeated after random separators. Loss: the LM loss
+plus {guide_text(training)}. Machine: {training["machine"]}.
 
 ## Evaluation (`model_eval.json`)
 

@@ -6,7 +6,8 @@ from typing import Any
 
 from benchmarks.provenance import caption
 
-KEEPS = 0.95  # the bar fp16 must clear at every depth; a method keeps retrieval if it clears it too
+KEEPS = 0.95  # a method's cell may fall short of fp16's by this factor's complement (one miss in 20)
+REFERENCE_MIN = 0.8  # fp16 must retrieve this share at each context, or the verdicts mean nothing
 
 
 def context_label(context: int) -> str:
@@ -31,9 +32,26 @@ def worst_depth(per_context: dict[int, dict[str, Any]]) -> tuple[float, str] | N
     return min(cells, key=lambda c: c[0]) if cells else None
 
 
-def keeps_retrieval(per_context: dict[int, dict[str, Any]]) -> bool:
-    worst = worst_depth(per_context)
-    return worst is not None and worst[0] >= KEEPS and not any("error" in r for r in per_context.values())
+def reference_retrieves(reference: dict[int, dict[str, Any]]) -> bool:
+    """The fp16 rows retrieve at least REFERENCE_MIN of the keys at every context (else no verdict)."""
+    return bool(reference) and all(row.get("accuracy", 0.0) >= REFERENCE_MIN for row in reference.values())
+
+
+def keeps_retrieval(per_context: dict[int, dict[str, Any]], reference: dict[int, dict[str, Any]]) -> bool:
+    """At every (context, depth) cell of the fp16 reference, at least min(KEEPS, fp16's accuracy there).
+
+    What fp16 retrieves is what a cache can keep: a cell fp16 misses asks nothing of the method.
+    """
+    if not per_context or any("error" in row for row in per_context.values()):
+        return False
+    for context, fp16_row in reference.items():
+        row = per_context.get(context)
+        if row is None:
+            return False
+        for depth, fp16_accuracy in fp16_row.get("by_depth", {}).items():
+            if row["by_depth"].get(depth, 0.0) < min(KEEPS, fp16_accuracy):
+                return False
+    return True
 
 
 def percent(row: dict[str, Any] | None, key: str = "accuracy") -> str:
@@ -56,13 +74,15 @@ def verdicts(labels: dict[str, dict[int, dict[str, Any]]]) -> list[str]:
     """One line per eviction / hybrid method: does it keep retrieval at each budget fraction?"""
     methods: dict[str, list[str]] = {}
     # A cache cannot keep what the fp16 cache does not have: without a retrieving reference, no verdict.
-    reference = keeps_retrieval(labels.get("fp16", {}))
+    reference = labels.get("fp16", {})
+    retrieves = reference_retrieves(reference)
     for label, per_context in labels.items():
         first = next(iter(per_context.values()))
         if first["family"] not in ("eviction", "hybrid"):
             continue
         name = label.split("@")[0]
-        answer = ("yes" if keeps_retrieval(per_context) else "no") if reference else "n/a (fp16 does not retrieve)"
+        kept = keeps_retrieval(per_context, reference)
+        answer = ("yes" if kept else "no") if retrieves else "n/a (fp16 does not retrieve)"
         methods.setdefault(name, []).append(f"keeps retrieval at {first['fraction'] * 100:.0f} %: {answer}")
     return [f"- **{name}**: " + "; ".join(parts) for name, parts in methods.items()]
 
@@ -93,8 +113,9 @@ def markdown(report: dict[str, Any]) -> str:
         lines.append(f"| {label} | {first['family']} | {budget_text(per_context)} | {cells} | {worst_text} |")
     lines += [
         "",
-        f"Verdicts (keeps retrieval = at least {KEEPS * 100:.0f} % at every depth and context, the bar "
-        "fp16 must clear):",
+        f"Verdicts (keeps retrieval = at every depth and context, at least {KEEPS * 100:.0f} % of keys, or "
+        f"fp16's share where that is lower; given when fp16 retrieves at least {REFERENCE_MIN * 100:.0f} % at "
+        "each context):",
         "",
     ]
     lines += verdicts(labels)

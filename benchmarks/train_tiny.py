@@ -12,6 +12,7 @@ import json
 import math
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import mlx.core as mx
@@ -50,6 +51,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--head-dim", type=int, default=128)
     p.add_argument("--intermediate", type=int, default=640)
     p.add_argument("--vocab", type=int, default=2048)
+    p.add_argument("--rope-theta", type=float, default=10000.0)
     p.add_argument("--batch-tokens", type=int, default=2048)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--warmup", type=int, default=100)
@@ -83,7 +85,7 @@ def model_config(args: argparse.Namespace) -> dict:
         "rms_norm_eps": 1e-5,
         "vocab_size": args.vocab,
         "max_position_embeddings": 8192,
-        "rope_theta": 10000.0,
+        "rope_theta": args.rope_theta,
         "tie_word_embeddings": True,
         "bos_token_id": 1,
         "eos_token_id": 2,
@@ -101,37 +103,48 @@ def learning_rate(step: int, progress: float, args: argparse.Namespace) -> float
     return warm * args.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * min(1.0, progress))))
 
 
-def loss_fn(model: nn.Module, inputs: mx.array, targets: mx.array, mask: mx.array) -> mx.array:
+def loss_fn(model: nn.Module, inputs: mx.array, targets: mx.array, mask: mx.array) -> tuple[mx.array, mx.array]:
+    """(masked mean cross-entropy, no auxiliary term): the Trainer's default loss."""
     logits = model(inputs)  # (batch, length, vocab)
     ce = nn.losses.cross_entropy(logits, targets, reduction="none")  # (batch, length)
-    return (ce * mask).sum() / mask.sum()
+    loss = (ce * mask).sum() / mask.sum()
+    return loss, mx.array(0.0)
 
 
 class Trainer:
-    """Owns the model, optimizer and compiled step; one instance per run."""
+    """Owns the model, optimizer and compiled step; one instance per run.
 
-    def __init__(self, args: argparse.Namespace, config: dict):
+    `loss(model, inputs, targets, mask, *extra)` returns (total, auxiliary term); the total is
+    minimized, the auxiliary term is reported (attention_guide's loss uses it).
+    """
+
+    def __init__(
+        self, args: argparse.Namespace, config: dict, loss: Callable[..., tuple[mx.array, mx.array]] = loss_fn
+    ):
         mx.random.seed(args.seed)
         self.model = llama.Model(llama.ModelArgs.from_dict(config))
         self.optimizer = optim.AdamW(learning_rate=args.lr, betas=[0.9, 0.95], weight_decay=0.1)
         state = [self.model.state, self.optimizer.state]
-        grad_fn = nn.value_and_grad(self.model, loss_fn)
+        grad_fn = nn.value_and_grad(self.model, loss)
 
-        def step(inputs, targets, mask):
-            loss, grads = grad_fn(self.model, inputs, targets, mask)
+        def step(inputs, targets, mask, extra):
+            (total, auxiliary), grads = grad_fn(self.model, inputs, targets, mask, *extra)
             grads, _ = optim.clip_grad_norm(grads, 1.0)
             self.optimizer.update(self.model, grads)
-            return loss
+            return total, auxiliary
 
         self.step = mx.compile(step, inputs=state, outputs=state)
         self.state = state
+        self.last_auxiliary = 0.0
 
-    def run_step(self, tokens: np.ndarray, mask: np.ndarray, lr: float) -> float:
+    def run_step(self, tokens: np.ndarray, mask: np.ndarray, lr: float, *extra: np.ndarray) -> float:
+        """One optimizer step; returns the total loss (the auxiliary term is kept in last_auxiliary)."""
         self.optimizer.learning_rate = mx.array(lr)
         batch = mx.array(tokens)  # (batch, length + 1)
-        loss = self.step(batch[:, :-1], batch[:, 1:], mx.array(mask))
-        mx.eval(loss, self.state)
-        return float(loss)
+        total, auxiliary = self.step(batch[:, :-1], batch[:, 1:], mx.array(mask), tuple(mx.array(e) for e in extra))
+        mx.eval(total, auxiliary, self.state)
+        self.last_auxiliary = float(auxiliary)
+        return float(total)
 
     def save_checkpoint(self, path: Path, step: int) -> None:
         path.mkdir(parents=True, exist_ok=True)
@@ -149,12 +162,13 @@ class Trainer:
         mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
-def log_step(step: int, length: int, losses: list[float], lr: float, train_start: float) -> dict:
-    """One history record (mean loss since the last one), also printed as a JSON event."""
+def log_step(step: int, length: int, losses: list[float], lr: float, train_start: float, **means: list[float]) -> dict:
+    """One history record (mean loss, and of each `means` series, since the last one), also printed as a JSON event."""
     record = {
         "step": step,
         "context": length,
         "loss": round(float(np.mean(losses)), 4),
+        **{name: round(float(np.mean(values)), 4) for name, values in means.items()},
         "lr": round(lr, 6),
         "elapsed_min": round((time.time() - train_start) / 60, 2),
     }

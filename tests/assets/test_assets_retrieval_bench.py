@@ -70,24 +70,39 @@ def test_heatmap_grid_and_figure_and_table(tiny_report, tmp_path: Path) -> None:
     assert "- **streaming_llm**: keeps retrieval at 25 %: " in table
 
 
-def test_keeps_retrieval_needs_every_cell_at_the_bar() -> None:
-    good = {1024: {"by_depth": {"0.0": 1.0, "1.0": 0.95}}, 4096: {"by_depth": {"0.0": 1.0, "1.0": 1.0}}}
-    bad = {1024: good[1024], 4096: {"by_depth": {"0.0": 0.5, "1.0": 1.0}}}
-    failed = {1024: {**good[1024], "error": "ValueError: x"}}
-    assert keeps_retrieval(good)
-    assert not keeps_retrieval(bad)
-    assert not keeps_retrieval(failed)
-    assert not keeps_retrieval({})
+def test_keeps_retrieval_needs_every_cell_fp16_retrieves() -> None:
+    fp16 = {1024: {"by_depth": {"0.0": 1.0, "1.0": 1.0}}, 4096: {"by_depth": {"0.0": 1.0, "1.0": 0.5}}}
+    good = {1024: {"by_depth": {"0.0": 1.0, "1.0": 0.95}}, 4096: {"by_depth": {"0.0": 1.0, "1.0": 0.5}}}
+    bad = {1024: good[1024], 4096: {"by_depth": {"0.0": 0.9, "1.0": 1.0}}}
+    fp16_missed = {1024: good[1024], 4096: {"by_depth": {"0.0": 1.0, "1.0": 0.4}}}
+    failed = {1024: {**good[1024], "error": "ValueError: x"}, 4096: good[4096]}
+    assert keeps_retrieval(good, fp16)
+    assert not keeps_retrieval(bad, fp16)  # 0.9 where fp16 has every key
+    assert not keeps_retrieval(fp16_missed, fp16)  # below even fp16's share at 1.0 @ 4k
+    assert keeps_retrieval(fp16_missed, {1024: fp16[1024], 4096: {"by_depth": {"0.0": 1.0, "1.0": 0.0}}})
+    assert not keeps_retrieval(failed, fp16)
+    assert not keeps_retrieval({1024: good[1024]}, fp16)  # 4k not measured
+    assert not keeps_retrieval({}, fp16)
 
 
 def test_verdicts_need_a_retrieving_fp16_reference() -> None:
     def row(label: str, family: str, accuracy: float) -> dict:
-        return {"label": label, "family": family, "context": 1024, "fraction": 0.25, "by_depth": {"0.0": accuracy}}
+        return {
+            "label": label,
+            "family": family,
+            "context": 1024,
+            "fraction": 0.25,
+            "accuracy": accuracy,
+            "by_depth": {"0.0": accuracy},
+        }
 
     evicting = row("snapkv@25%", "eviction", 1.0)
     assert verdicts(by_label([row("fp16", "baseline", 1.0), evicting])) == [
         "- **snapkv**: keeps retrieval at 25 %: yes"
     ]
-    assert verdicts(by_label([row("fp16", "baseline", 0.0), evicting])) == [
+    assert verdicts(by_label([row("fp16", "baseline", 1.0), row("snapkv@25%", "eviction", 0.0)])) == [
+        "- **snapkv**: keeps retrieval at 25 %: no"
+    ]
+    assert verdicts(by_label([row("fp16", "baseline", 0.7), evicting])) == [
         "- **snapkv**: keeps retrieval at 25 %: n/a (fp16 does not retrieve)"
     ]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -45,21 +47,31 @@ def test_training_record_is_reproducible_from_its_commands() -> None:
 
     training = json.loads((MODEL / "training.json").read_text())
     stages = stage_records(training)
-    assert stages[0]["init"] == "scratch" and len(stages) == 2
+    assert stages[0]["init"] == "scratch" and len(stages) == 3  # as `make train-retrieval` runs them
     for stage in stages:
         assert stage["command"].startswith("python -m benchmarks.train_retrieval")
         assert stage["history"][-1]["step"] == stage.get("stopped_at", stage["steps"])
-        assert set(stage["data_mix"]) == {"passkey", "recall", "code", "max_recalls"}
+        assert set(stage["data_mix"]) == {"passkey", "recall", "copy", "code", "max_recalls"}
         assert not stage["resumed"]
     assert training["curriculum"][-1][1] == 4096  # the last phase trains real 4096-token sequences
-    assert training["history"][-1]["context"] == 4096
+    assert [r for r in training["history"] if "loss" in r][-1]["context"] == 4096
+    assert [stage["command"] for stage in stages] == makefile_commands()
 
 
-@pytest.mark.xfail(strict=True, reason="goal not reached yet: 0 % whole keys with fp16 (MODEL_CARD.md, Status)")
+def makefile_commands() -> list[str]:
+    """The train_retrieval commands of `make train-retrieval`, with the Makefile's variables expanded."""
+    text = (ASSETS.parents[1] / "Makefile").read_text().replace("\\\n", " ")
+    variables = dict(re.findall(r"^(RETRIEVAL_\w+) := (.*)$", text, re.MULTILINE))
+    commands = re.findall(r"\$\(PY\) (-m benchmarks\.train_retrieval .*)$", text, re.MULTILINE)
+    expand = functools.partial(re.sub, r"\$\((RETRIEVAL_\w+)\)", lambda m: variables[m.group(1)].strip())
+    return ["python " + " ".join(expand(c).split()) for c in commands]
+
+
+@pytest.mark.xfail(strict=True, reason="goal not reached yet: 93 % of keys, worst cell 80 % (MODEL_CARD.md, Status)")
 @pytest.mark.parametrize("context", ["1024", "4096"])
 def test_fp16_cache_retrieves_at_every_depth(context: str) -> None:
     evaluation = json.loads((MODEL / "model_eval.json").read_text())
     entry = evaluation["passkey_fp16"][context]
     assert list(entry["by_depth"]) == [f"{d / 10:.1f}" for d in range(11)]
-    assert entry["trials"] >= 4 * 11
+    assert entry["trials"] >= 20 * 11
     assert min(entry["by_depth"].values()) >= 0.95

@@ -7,6 +7,7 @@ from mlx_lm import load
 from tokenizers import Tokenizer
 
 from benchmarks.data import PassKey, documents, tokenize
+from benchmarks.model import ASSET
 from benchmarks.passkey import answer_token_hits
 from benchmarks.retrieval import MODEL
 from benchmarks.retrieval_probe import PROBE_DEPTHS, Probe
@@ -15,16 +16,19 @@ from veloxd.kv.factory import native_caches
 
 @pytest.mark.parametrize("length", [256])
 def test_batched_probe_equals_answer_token_hits_through_caches(length: int) -> None:
-    model = load(str(MODEL))[0]
+    """On the retrieval model and on the base model (which misses), so hits and misses both occur."""
     tokenizer = Tokenizer.from_file(str(MODEL / "tokenizer.json"))
     probe = Probe(PassKey(tokenizer), tokenize(tokenizer, documents()["held_out"]), length, keys_per_depth=2)
     assert len(probe.spans) == 2 * len(PROBE_DEPTHS)
-    batched = probe.token_hits(model)
-    hits_seen = 0
-    for row, (start, end) in enumerate(probe.spans):
-        prompt, answer = probe.tokens[row, :start], probe.tokens[row, start:end]
-        through_caches = answer_token_hits(model, native_caches(model), prompt, answer)
-        assert batched[row].tolist() == through_caches, row
-        hits_seen += sum(through_caches)
-    assert 0 < hits_seen < sum(end - start for start, end in probe.spans)  # a mix, so the match means something
-    assert probe.accuracy(model) == pytest.approx(sum(bool(h.all()) for h in batched) / len(batched))
+    hits_seen = tokens_seen = 0
+    for path in (MODEL, ASSET):
+        model = load(str(path))[0]
+        batched = probe.token_hits(model)
+        for row, (start, end) in enumerate(probe.spans):
+            prompt, answer = probe.tokens[row, :start], probe.tokens[row, start:end]
+            through_caches = answer_token_hits(model, native_caches(model), prompt, answer)
+            assert batched[row].tolist() == through_caches, (path.name, row)
+            hits_seen += sum(through_caches)
+            tokens_seen += end - start
+        assert probe.accuracy(model) == pytest.approx(sum(bool(h.all()) for h in batched) / len(batched))
+    assert 0 < hits_seen < tokens_seen  # a mix, so the match means something

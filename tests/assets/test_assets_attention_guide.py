@@ -1,0 +1,95 @@
+"""The retrieval model's attention supervision: mlx_lm's forward pass, the right targets, and it teaches."""
+
+from __future__ import annotations
+
+import argparse
+
+import mlx.core as mx
+import numpy as np
+from mlx_lm.models import llama
+
+from benchmarks.attention_guide import (
+    GUIDED_HEADS,
+    GUIDED_QUERIES,
+    guide_targets,
+    guided_forward,
+    guided_loss,
+    induction_targets,
+)
+from benchmarks.train_tiny import Trainer, model_config
+
+TINY = argparse.Namespace(
+    seed=0, lr=3e-3, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=64, rope_theta=1e4
+)
+
+
+def tiny_model() -> llama.Model:
+    mx.random.seed(0)
+    return llama.Model(llama.ModelArgs.from_dict(model_config(TINY)))
+
+
+def test_guided_forward_is_mlx_lms_forward_and_its_heads_are_causal_distributions() -> None:
+    model = tiny_model()
+    inputs = mx.array(np.random.default_rng(0).integers(0, 64, size=(2, 24)), dtype=mx.int32)  # (batch, length)
+    logits, log_probs = guided_forward(model, inputs)
+    assert mx.allclose(logits, model(inputs), atol=1e-4).item()
+    assert len(log_probs) == len(GUIDED_HEADS)
+    for log_prob in log_probs:
+        probs = np.asarray(mx.exp(log_prob))  # (batch, length, length)
+        assert np.allclose(probs.sum(axis=-1), 1.0, atol=1e-5)
+        assert np.triu(probs, k=1).max() < 1e-6  # no attention to later positions
+
+
+def test_induction_targets_point_after_the_latest_earlier_same_bigram() -> None:
+    row = np.array([5, 6, 7, 5, 6, 8, 5, 6, 9])
+    targets, weights = induction_targets(row)
+    found = {int(i): int(targets[i]) for i in np.flatnonzero(weights)}
+    assert found == {4: 2, 7: 5}  # (5, 6) at 1 is followed by 7 (position 2); at 4, by 8 (position 5)
+
+
+def test_guide_targets_of_the_positional_heads() -> None:
+    targets, weights = guide_targets(np.arange(6)[None, :])  # (1, 6): no repeated bigram
+    kinds = [kind for _, _, kind in GUIDED_HEADS]
+    previous, two_back, induction = (kinds.index(k) for k in ("previous", "two_back", "induction"))
+    assert targets[previous, 0, 1:].tolist() == [0, 1, 2, 3, 4] and weights[previous, 0].tolist() == [0] + [1] * 5
+    assert targets[two_back, 0, 2:].tolist() == [0, 1, 2, 3] and weights[two_back, 0, :2].tolist() == [0, 0]
+    assert not weights[induction].any()
+
+
+def test_long_sequences_guide_their_last_queries_with_absolute_key_positions() -> None:
+    length = GUIDED_QUERIES + 40
+    row = np.arange(length) % 60 + 3  # period 60: every query from 61 on has its bigram 60 back
+    targets, weights = guide_targets(row[None, :])
+    assert targets.shape == weights.shape == (len(GUIDED_HEADS), 1, GUIDED_QUERIES)
+    induction = [kind for _, _, kind in GUIDED_HEADS].index("induction")
+    assert targets[induction, 0, -1] == length - 1 - 60 + 1
+    offset = length - GUIDED_QUERIES  # the first guided query's position
+    assert weights[induction, 0, 61 - offset :].all() and not weights[induction, 0, : 61 - offset].any()
+    model = tiny_model()
+    _, log_probs = guided_forward(model, mx.array(row[None, :], dtype=mx.int32))
+    assert log_probs[0].shape == (1, GUIDED_QUERIES, length)
+    probs = np.asarray(mx.exp(log_probs[0]))[0]  # (guided queries, length): query q is position 40 + q
+    assert np.triu(probs, k=1 + length - GUIDED_QUERIES).max() < 1e-6 and probs[0, :41].sum() > 0.999
+
+
+def test_a_guided_trainer_learns_the_attention_patterns() -> None:
+    """Repeated random blocks: the guided heads' attention loss falls by far within a few dozen steps."""
+    trainer = Trainer(TINY, model_config(TINY), lambda *a: guided_loss(*a, guide_weight=1.0))
+    rng = np.random.default_rng(1)
+    first = last = 0.0
+    for _ in range(60):
+        block = rng.integers(3, 64, size=(8, 12))
+        tokens = np.concatenate([block, block, block[:, :9]], axis=1)  # (8, 33): inputs and targets of 32
+        targets = guide_targets(tokens[:, :-1])
+        trainer.run_step(tokens, np.ones((8, 32), np.float32), 3e-3, *targets)
+        first = first or trainer.last_auxiliary
+        last = trainer.last_auxiliary
+    assert first > 1.0
+    assert last < first / 3, (first, last)
+
+
+def test_the_unguided_trainer_reports_no_auxiliary_term() -> None:
+    trainer = Trainer(TINY, model_config(TINY))
+    tokens = np.random.default_rng(2).integers(3, 64, size=(2, 17))
+    loss = trainer.run_step(tokens, np.ones((2, 16), np.float32), 1e-3)
+    assert loss > 0 and trainer.last_auxiliary == 0.0
