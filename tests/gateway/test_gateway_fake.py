@@ -223,6 +223,15 @@ def test_admission_unloads_the_idle_server_or_refuses_with_the_numbers(harness: 
     assert h.server(GATEWAY)["pid"] == gateway_pid  # the budget applied without restarting the gateway
 
 
+def stream_request(port: int) -> urllib.request.Request:
+    """A streamed completion for `alpha` through the gateway on `port`."""
+    return urllib.request.Request(
+        f"http://127.0.0.1:{port}/v1/completions",
+        data=json.dumps({"model": "alpha", "prompt": "x", "stream": True}).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+
+
 def test_client_disconnect_cancels_the_upstream_request(harness: DaemonHarness, tmp_path: Path) -> None:
     h = harness
     gateway = {"port": free_port()}
@@ -230,12 +239,7 @@ def test_client_disconnect_cancels_the_upstream_request(harness: DaemonHarness, 
     h.write(gateway_yaml(gateway, {"alpha": fake_entry(model_dir(tmp_path, "m"), port=free_port(), env=slow)}))
     h.start()
     h.wait_states({GATEWAY: "ready", "alpha": "ready"})
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{gateway['port']}/v1/completions",
-        data=json.dumps({"model": "alpha", "prompt": "x", "stream": True}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
+    with urllib.request.urlopen(stream_request(gateway["port"]), timeout=30) as response:
         assert response.readline().startswith(b"data: ")
     record = h.wait_event("gateway_request", server="alpha", timeout=30)
     assert record["status"] == 499 and record["error"] == "client disconnected"
@@ -249,12 +253,7 @@ def test_a_client_leaving_right_after_done_is_a_whole_answer(harness: DaemonHarn
     h.write(gateway_yaml(gateway, {"alpha": fake_entry(model_dir(tmp_path, "m"), port=free_port(), env=lingering)}))
     h.start()
     h.wait_states({GATEWAY: "ready", "alpha": "ready"})
-    request = urllib.request.Request(
-        f"http://127.0.0.1:{gateway['port']}/v1/completions",
-        data=json.dumps({"model": "alpha", "prompt": "x", "stream": True}).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=30) as response:
+    with urllib.request.urlopen(stream_request(gateway["port"]), timeout=30) as response:
         lines = iter(response.readline, b"")
         assert any(line.startswith(b"data: [DONE]") for line in lines)
     record = h.wait_event("gateway_request", server="alpha", timeout=30)
