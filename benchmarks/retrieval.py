@@ -35,7 +35,7 @@ DEPTHS = tuple(i / 10 for i in range(11))
 FRACTIONS = (0.25, 0.5)
 KEYS_PER_DEPTH = {1024: 2, 4096: 1}
 # Measured on 2 shared cores: a 4k trial costs 2-12 s per arm (quantizers and evicting caches far
-# more than fp16), so 27 arms x 11 depths at 4k alone would take ~30 min; 4k takes every other depth.
+# more than fp16), so 28 arms x 11 depths at 4k alone would take ~30 min; 4k takes every other depth.
 DEPTHS_AT = {1024: DEPTHS, 4096: DEPTHS[::2]}
 FILLER_WINDOWS = 8
 
