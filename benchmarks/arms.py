@@ -82,6 +82,11 @@ def eviction_settings(method: str, budget: int) -> dict[str, Any]:
     raise ValueError(f"no budget rule for eviction method '{method}'")
 
 
+def rotated_affine_arm(bits: int) -> Arm:
+    """`affine-rot-<bits>`: affine as veloxd.yaml's defaults run it (rotated keys)."""
+    return Arm(f"affine-rot-{bits}", "affine", "quantization", bits, {"affine_rotate": True})
+
+
 def quantizer_arms(quick: bool) -> list[Arm]:
     arms = []
     for info in registry.METHODS:
@@ -93,8 +98,7 @@ def quantizer_arms(quick: bool) -> list[Arm]:
         for b in bits:
             arms.append(Arm(f"{info.name}-{b}", info.name, "quantization", b, dict(plain)))
         if info.name == "affine" and not quick:
-            for b in (2, 3, 4):
-                arms.append(Arm(f"affine-rot-{b}", "affine", "quantization", b, {"affine_rotate": True}))
+            arms += [rotated_affine_arm(b) for b in (2, 3, 4)]
             arms.append(Arm("affine-k8v4", "affine", "quantization", 4, {"affine_key_bits": 8}))
             # the recent window's share of the KL: the same codes without it
             arms.append(

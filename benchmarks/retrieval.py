@@ -64,8 +64,7 @@ def all_arms(context: int) -> list[arm_defs.Arm]:
     """fp16 (the reference) first, then mlx_lm's q4, the quantizers and the budgeted methods."""
     head = [arm_defs.Arm("fp16", "fp16", "baseline"), arm_defs.Arm("mlx-q4", arm_defs.PEER, "peer", 4)]
     # quantizer_arms' `affine-4` is the unrotated arm; veloxd.yaml's default affine rotates
-    defaults = [arm_defs.Arm("affine-rot-4", "affine", "quantization", 4, {"affine_rotate": True})]
-    return head + arm_defs.quantizer_arms(quick=True) + defaults + budget_arms(context)
+    return head + arm_defs.quantizer_arms(quick=True) + [arm_defs.rotated_affine_arm(4)] + budget_arms(context)
 
 
 def scores_by_depth(model: Any, make_caches: Any, cases: list) -> dict[str, Any]:

@@ -36,7 +36,7 @@ def main(argv: list[str] | None = None) -> int:
         serving.main(common + ["--out", str(results / "serving.json")])
     plots.main(results)
     report.main(results)
-    readme_section.main(results)
+    readme_section.main(results, page=None if args.quick else readme_section.DOCS_RESULTS)
     print(
         json.dumps({"event": "bench_finished", "seconds": round(time.time() - started, 1), "results": str(results)}),
         flush=True,

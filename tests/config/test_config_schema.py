@@ -13,7 +13,8 @@ import pytest
 
 from tests.config_support import entry, issues, write_config
 from veloxd.config.docs import render_markdown
-from veloxd.config.model import ServerEntry, yaml_fields
+from veloxd.config.keys import yaml_fields
+from veloxd.config.model import ServerEntry
 from veloxd.config.schema import build_schema, schema_text
 from veloxd.kv import registry
 from veloxd.kv.config import OWN_KEYS, KVCacheConfig, override_fields_for, setting, settings

@@ -7,7 +7,7 @@ reported its ranks, next to a ready one.
 
 from __future__ import annotations
 
-from veloxd.config.model import Distributed
+from veloxd.config.sections import Distributed
 from veloxd.daemon.views import render_status
 from veloxd.distributed.command import group_status
 from veloxd.protocol import group_kv_memory

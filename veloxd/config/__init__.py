@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from veloxd.config.errors import ConfigError, ConfigIssue
 from veloxd.config.loader import inspect_config, load_config
-from veloxd.config.model import Config, PromptCache, RestartPolicy, Sampling, ServerEntry
+from veloxd.config.model import Config, ServerEntry
 from veloxd.config.roundtrip import config_from_dict, config_to_dict
+from veloxd.config.sections import PromptCache, RestartPolicy, Sampling
 
 __all__ = [
     "Config",

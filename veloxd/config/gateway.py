@@ -15,17 +15,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from veloxd.checks import SIZE_HELP, parse_size
-from veloxd.config.model import (
+from veloxd.config.keys import (
     API_KEY_ENV_SCHEMA,
     HOST_SCHEMA,
     PORT_SCHEMA,
     SIZE_OR_NULL_SCHEMA,
     SIZE_SCHEMA,
-    RestartPolicy,
     key,
     size_or_none,
     yaml_fields,
 )
+from veloxd.config.sections import RestartPolicy
 
 GATEWAY_NAME = "@gateway"  # its name among supervised processes: never a valid entry name
 # Ports of entries that leave `port` out come from this range: a hash of the name, probed upward.

@@ -7,7 +7,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from veloxd.config.model import Config, Dashboard, ServerEntry, yaml_fields
+from veloxd.config.keys import yaml_fields
+from veloxd.config.model import Config, ServerEntry
+from veloxd.config.sections import Dashboard
 from veloxd.kv.config import OWN_KEYS, KVCacheConfig, fields_for
 
 

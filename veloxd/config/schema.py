@@ -12,7 +12,8 @@ from collections.abc import Sequence
 from functools import lru_cache
 from typing import Any
 
-from veloxd.config.model import NAME_PATTERN, VERSION, Config, ServerEntry, yaml_fields
+from veloxd.config.keys import yaml_fields
+from veloxd.config.model import NAME_PATTERN, VERSION, Config, ServerEntry
 from veloxd.kv import registry
 from veloxd.kv.config import OWN_KEYS, settings
 from veloxd.kv.registry import MethodInfo

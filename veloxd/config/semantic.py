@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from veloxd.checks import host_problem, is_loopback, parse_size, resolve_model
-from veloxd.config.model import RestartPolicy, ServerEntry
+from veloxd.config.model import ServerEntry
+from veloxd.config.sections import RestartPolicy
 from veloxd.kv.config import OWN_KEYS, KVConfigError
 
 Problems = list[tuple[tuple, str]]  # (path inside the entry, message)

@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from veloxd.config.model import Dashboard, RestartPolicy
 from veloxd.config.plan import Plan
+from veloxd.config.sections import Dashboard, RestartPolicy
 from veloxd.daemon.supervisor import Supervisor, WorkerSpawner
 
 NAME = "@dashboard"  # never a server name (those start with a letter or digit): no clash in logs or messages

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
-from veloxd.config.model import Dashboard
+from veloxd.config.sections import Dashboard
 from veloxd.gateway.app import build_app
 from veloxd.gateway.fleet import Fleet
 from veloxd.gateway.link import DaemonGone, DaemonLink

@@ -267,12 +267,14 @@ class KVCacheConfig:
     )
 
     def __post_init__(self) -> None:
+        from veloxd.kv import config_rules  # the rules read this module's fields
+
         try:
             info = registry.get(self.method)
         except ValueError as err:  # names the valid methods and a near miss
             raise KVConfigError("method", str(err)) from None
         for f in settings():
-            _check_setting(f, getattr(self, f.name), self.method)
+            config_rules.check_setting(f, getattr(self, f.name), self.method)
         if self.bits is None:
             object.__setattr__(self, "bits", info.default_bits)
         elif self.bits not in info.bits_choices:
@@ -280,7 +282,7 @@ class KVCacheConfig:
                 "bits",
                 f"bits={self.bits} is not valid for method {self.method}; choose one of {list(info.bits_choices)}",
             )
-        _check_cross_fields(self)
+        config_rules.check_cross_fields(self)
 
     @property
     def bit_width(self) -> int:
@@ -361,60 +363,3 @@ def parse_value(name: str, text: str) -> Any:
         return kind(text)
     except ValueError:
         raise KVConfigError(name, f"{name} must be {kind.__name__}, not '{text}'") from None
-
-
-def _check_setting(f: dataclasses.Field, value: Any, method: str) -> None:
-    meta = f.metadata
-    if value is None and meta["nullable"]:
-        return
-    kind = meta["kind"]
-    # bool is a subclass of int: reject it for int fields, and accept nothing else for bools.
-    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
-        raise KVConfigError(f.name, f"{f.name} must be {kind.__name__}, not {type(value).__name__} {value!r}")
-    if method not in meta["methods"] and value != f.default:
-        owners_text = ", ".join(meta["methods"]) or "no method"
-        raise KVConfigError(f.name, f"{f.name} applies to method {owners_text}, not {method}")
-    if meta["choices"] is not None and value not in meta["choices"]:
-        raise KVConfigError(f.name, f"{f.name}={value!r} for method {method}: choose one of {list(meta['choices'])}")
-    if meta["minimum"] is not None and value < meta["minimum"]:
-        raise KVConfigError(f.name, f"{f.name}={value!r} for method {method}: must be >= {meta['minimum']}")
-    if meta["maximum"] is not None and value > meta["maximum"]:
-        raise KVConfigError(f.name, f"{f.name}={value!r} for method {method}: must be <= {meta['maximum']}")
-
-
-def _check_cross_fields(c: KVCacheConfig) -> None:
-    """Rules that involve two fields of the same method (or of a hybrid's policy)."""
-    policy = registry.parts(c.method)[0]
-    if c.method == "kivi" and c.kivi_residual_length % c.kivi_group_size:
-        raise KVConfigError(
-            "kivi_residual_length",
-            f"kivi_residual_length={c.kivi_residual_length} for method kivi: "
-            f"must be a multiple of kivi_group_size={c.kivi_group_size}",
-        )
-    if c.method == "qjl" and c.qjl_sketch_dim % 32:
-        raise KVConfigError(
-            "qjl_sketch_dim", f"qjl_sketch_dim={c.qjl_sketch_dim} for method qjl: must be a multiple of 32"
-        )
-    if c.method in TURBOQUANT and c.turboquant_outlier_channels % 32:
-        raise KVConfigError(
-            "turboquant_outlier_channels",
-            f"turboquant_outlier_channels={c.turboquant_outlier_channels} for method {c.method}: "
-            "must be a multiple of 32",
-        )
-    if policy == "snapkv":
-        if c.snapkv_window > c.snapkv_budget:
-            raise KVConfigError(
-                "snapkv_window",
-                f"snapkv_window={c.snapkv_window} for method {c.method}: must not exceed snapkv_budget={c.snapkv_budget}",
-            )
-        if c.snapkv_kernel % 2 == 0:
-            raise KVConfigError("snapkv_kernel", f"snapkv_kernel={c.snapkv_kernel} for method {c.method}: must be odd")
-    if policy == "knorm" and c.knorm_window >= c.knorm_budget:
-        raise KVConfigError(
-            "knorm_window",
-            f"knorm_window={c.knorm_window} for method {c.method}: must be below knorm_budget={c.knorm_budget}",
-        )
-    if policy == "h2o" and c.h2o_window >= c.h2o_budget:
-        raise KVConfigError(
-            "h2o_window", f"h2o_window={c.h2o_window} for method {c.method}: must be below h2o_budget={c.h2o_budget}"
-        )

@@ -1,0 +1,204 @@
+"""The nested blocks of a server entry (sampling, prompt_cache, limits, restart, distributed) and `dashboard:`."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from veloxd.checks import SIZE_HELP, parse_size
+from veloxd.config.keys import (
+    API_KEY_ENV_SCHEMA,
+    ENV_SCHEMA,
+    HOST_SCHEMA,
+    PORT_SCHEMA,
+    SIZE_OR_NULL_SCHEMA,
+    SIZE_SCHEMA,
+    key,
+    size_or_none,
+)
+
+
+@dataclass(frozen=True)
+class Sampling:
+    temp: float = key(
+        0.0,
+        help="Sampling temperature for requests that set none; 0 is greedy.",
+        schema={"type": "number", "minimum": 0, "maximum": 2},
+    )
+    top_p: float = key(
+        1.0,
+        help="Nucleus-sampling top-p for requests that set none; 1 keeps every token.",
+        schema={"type": "number", "minimum": 0, "maximum": 1},
+    )
+    max_tokens: int = key(
+        512,
+        help="Maximum tokens generated for requests that set no limit.",
+        schema={"type": "integer", "minimum": 1, "maximum": 1 << 20},
+    )
+
+
+@dataclass(frozen=True)
+class PromptCache:
+    size: int = key(
+        10,
+        help="Distinct prompt KV caches kept for reuse across requests.",
+        schema={"type": "integer", "minimum": 1, "maximum": 100000},
+    )
+    bytes: int | None = key(
+        None,
+        help=f"Cap on the memory of the kept caches: {SIZE_HELP}; unset: no cap.",
+        schema=SIZE_OR_NULL_SCHEMA,
+        convert=size_or_none,
+    )
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_tokens: int | None = key(
+        None,
+        help="Most tokens one request may generate; a request asking for more "
+        'gets this many (finish_reason "length"). null: the model\'s context length.',
+        schema={"type": ["integer", "null"], "minimum": 1, "maximum": 1 << 24},
+    )
+    max_prompt_tokens: int | None = key(
+        None,
+        help="Longest prompt accepted, in tokens; a longer one gets HTTP 400 "
+        "naming both numbers, before any prefill. null: the model's context length.",
+        schema={"type": ["integer", "null"], "minimum": 1, "maximum": 1 << 24},
+    )
+    request_body_timeout_s: float = key(
+        30.0,
+        help="Seconds a client has to send a request's body (and each "
+        "read of its headers); a slower one gets 408 and the connection closes.",
+        schema={"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
+    )
+    max_body_bytes: int = key(
+        32 * 2**20,
+        help=f"Largest request body accepted ({SIZE_HELP}); a larger Content-Length gets 413 before anything is read.",
+        schema=SIZE_SCHEMA,
+        convert=parse_size,
+    )
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    max_failures: int = key(
+        5,
+        help="Failed starts or crashes within window_s after which the server is FATAL "
+        "(left stopped until its entry changes or `veloxd restart NAME`).",
+        schema={"type": "integer", "minimum": 1, "maximum": 1000},
+    )
+    window_s: float = key(
+        300.0,
+        help="Seconds over which failures are counted.",
+        schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+    )
+    backoff_initial_s: float = key(
+        1.0,
+        help="Delay before the first restart; it doubles after each failure.",
+        schema={"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
+    )
+    backoff_max_s: float = key(
+        60.0,
+        help="Longest delay between restarts; at least backoff_initial_s.",
+        schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+    )
+
+
+@dataclass(frozen=True)
+class Distributed:
+    """One server over several ranks (machines) through MLX's launcher; veloxd/distributed/ runs it."""
+
+    hosts: tuple[str, ...] | None = key(
+        None,
+        help="The ranks, one IP address per rank, rank 0 first (MLX's "
+        "`--hosts`); rank 0 must be this machine and serves HTTP. 127.0.0.1 "
+        "starts a rank locally, any other address over ssh. Give hosts or hostfile.",
+        schema={
+            "type": ["array", "null"],
+            "minItems": 2,
+            "maxItems": 64,
+            "items": HOST_SCHEMA,
+        },
+        convert=lambda value: None if value is None else tuple(value),
+    )
+    hostfile: str | None = key(
+        None,
+        help="An MLX hostfile (JSON, as `mlx.distributed_config` writes it; "
+        "relative paths resolve against this file's directory) instead of hosts.",
+        schema={"type": ["string", "null"], "minLength": 1},
+    )
+    backend: str = key(
+        "ring",
+        help="MLX's distributed backend: ring (TCP over Ethernet or Thunderbolt) or jaccl "
+        "(RDMA over Thunderbolt 5; needs a hostfile with RDMA devices).",
+        schema={"type": "string", "enum": ["ring", "jaccl"]},
+    )
+    parallelism: str = key(
+        "tensor",
+        help="tensor: every rank holds a share of every layer's heads; pipeline: "
+        "every rank holds a run of layers (method fp16, models with pipeline support and a "
+        "sharded checkpoint index only).",
+        schema={"type": "string", "enum": ["tensor", "pipeline"]},
+    )
+    port: int = key(
+        32323,
+        help="First TCP port of the ranks' own connections (ring: rank r listens on port + r; "
+        "jaccl: the coordinator's port); distinct per distributed server.",
+        schema={"type": "integer", "minimum": 1024, "maximum": 65000},
+    )
+    python: str | None = key(
+        None,
+        help="Python interpreter with veloxd installed on every host (an absolute "
+        "path); unset: the daemon's own interpreter, at the same path on every host.",
+        schema={"type": ["string", "null"], "minLength": 1},
+    )
+    cwd: str | None = key(
+        None,
+        help="Working directory of the ranks on every host; unset: the daemon's, when it exists there.",
+        schema={"type": ["string", "null"], "minLength": 1},
+    )
+    env: Mapping[str, str] = key(
+        factory=dict,
+        help="Environment variables exported on every rank, remote "
+        "ones included (the entry's env reaches only local ranks).",
+        schema=ENV_SCHEMA,
+    )
+
+    @property
+    def local_ranks_only(self) -> bool:
+        return self.hosts is not None and all(h == "127.0.0.1" for h in self.hosts)
+
+
+@dataclass(frozen=True)
+class Dashboard:
+    """The `dashboard:` block: a local web page and /metrics, served by the `veloxd web` process."""
+
+    host: str = key(
+        "127.0.0.1",
+        help="Loopback address the dashboard and /metrics bind (it shows logs and "
+        "states without authentication, so only 127.0.0.1, ::1 or localhost).",
+        schema=HOST_SCHEMA,
+    )
+    port: int = key(
+        8090,
+        help="TCP port of the dashboard, its JSON API and /metrics.",
+        schema=PORT_SCHEMA,
+    )
+    api_key_env: str | None = key(
+        None,
+        help="Name of an environment variable of the daemon holding the bearer "
+        "token that enables actions (restart, reload) from the page and API; unset: "
+        "read-only.",
+        schema=API_KEY_ENV_SCHEMA,
+    )
+    interval_s: float = key(
+        1.0,
+        help="Seconds between samples of states, memory and request counters (live updates and charts).",
+        schema={"type": "number", "minimum": 0.2, "maximum": 60},
+    )
+    history: int = key(
+        900,
+        help="Samples kept for the memory and tokens-per-second charts.",
+        schema={"type": "integer", "minimum": 10, "maximum": 100000},
+    )

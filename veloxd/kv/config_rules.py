@@ -1,0 +1,72 @@
+"""The rules a `KVCacheConfig` checks on construction: each setting's type, owner and range
+(from the metadata its field declares), and the rules that tie two settings of a method together.
+Every failure is a KVConfigError naming the field."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any
+
+from veloxd.kv import registry
+from veloxd.kv.config import TURBOQUANT, KVConfigError
+
+if TYPE_CHECKING:
+    from veloxd.kv.config import KVCacheConfig
+
+
+def check_setting(f: dataclasses.Field, value: Any, method: str) -> None:
+    """One setting's type, owner (a non-default value only for its methods), choices and range."""
+    meta = f.metadata
+    if value is None and meta["nullable"]:
+        return
+    kind = meta["kind"]
+    # bool is a subclass of int: reject it for int fields, and accept nothing else for bools.
+    if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
+        raise KVConfigError(f.name, f"{f.name} must be {kind.__name__}, not {type(value).__name__} {value!r}")
+    if method not in meta["methods"] and value != f.default:
+        owners_text = ", ".join(meta["methods"]) or "no method"
+        raise KVConfigError(f.name, f"{f.name} applies to method {owners_text}, not {method}")
+    if meta["choices"] is not None and value not in meta["choices"]:
+        raise KVConfigError(f.name, f"{f.name}={value!r} for method {method}: choose one of {list(meta['choices'])}")
+    if meta["minimum"] is not None and value < meta["minimum"]:
+        raise KVConfigError(f.name, f"{f.name}={value!r} for method {method}: must be >= {meta['minimum']}")
+    if meta["maximum"] is not None and value > meta["maximum"]:
+        raise KVConfigError(f.name, f"{f.name}={value!r} for method {method}: must be <= {meta['maximum']}")
+
+
+def check_cross_fields(c: KVCacheConfig) -> None:
+    """Rules that involve two fields of the same method (or of a hybrid's policy)."""
+    policy = registry.parts(c.method)[0]
+    if c.method == "kivi" and c.kivi_residual_length % c.kivi_group_size:
+        raise KVConfigError(
+            "kivi_residual_length",
+            f"kivi_residual_length={c.kivi_residual_length} for method kivi: "
+            f"must be a multiple of kivi_group_size={c.kivi_group_size}",
+        )
+    if c.method == "qjl" and c.qjl_sketch_dim % 32:
+        raise KVConfigError(
+            "qjl_sketch_dim", f"qjl_sketch_dim={c.qjl_sketch_dim} for method qjl: must be a multiple of 32"
+        )
+    if c.method in TURBOQUANT and c.turboquant_outlier_channels % 32:
+        raise KVConfigError(
+            "turboquant_outlier_channels",
+            f"turboquant_outlier_channels={c.turboquant_outlier_channels} for method {c.method}: "
+            "must be a multiple of 32",
+        )
+    if policy == "snapkv":
+        if c.snapkv_window > c.snapkv_budget:
+            raise KVConfigError(
+                "snapkv_window",
+                f"snapkv_window={c.snapkv_window} for method {c.method}: must not exceed snapkv_budget={c.snapkv_budget}",
+            )
+        if c.snapkv_kernel % 2 == 0:
+            raise KVConfigError("snapkv_kernel", f"snapkv_kernel={c.snapkv_kernel} for method {c.method}: must be odd")
+    if policy == "knorm" and c.knorm_window >= c.knorm_budget:
+        raise KVConfigError(
+            "knorm_window",
+            f"knorm_window={c.knorm_window} for method {c.method}: must be below knorm_budget={c.knorm_budget}",
+        )
+    if policy == "h2o" and c.h2o_window >= c.h2o_budget:
+        raise KVConfigError(
+            "h2o_window", f"h2o_window={c.h2o_window} for method {c.method}: must be below h2o_budget={c.h2o_budget}"
+        )
