@@ -12,8 +12,12 @@ inference is mlx_lm's unchanged forward pass.
 
 Guided heads (GUIDED_HEADS; with GQA 4/2, query heads 0 and 1 share KV head 0):
 - layer 0, head 0 attends to the previous token, head 1 to the token two back (a bigram context);
-- layer 1, head 0 (induction) attends to the token after the latest earlier occurrence of the
-  current bigram, where there is one (other positions weigh 0).
+- layer 1, head 0 (induction) attends to the token after an earlier occurrence of the current
+  bigram, where there is one (other positions weigh 0). Which occurrence (INDUCTION_MATCHES):
+  "bigram", the latest; "longest", the one whose preceding context matches longest (up to
+  LONGEST_MATCH tokens), the latest of those. A pass-key prompt shows the key twice, followed by
+  "." and by " is": after the question's "pass key is <key>", only the longest match points at
+  the "." that the answer needs, where the latest bigram points at " is".
 Only the last GUIDED_QUERIES query positions are guided: the guide's (queries x keys) scores cost
 what the rest of a 4096-token step costs when every query is guided, and the far end of a long
 sequence is where retrieval is asked.
@@ -28,9 +32,11 @@ import numpy as np
 # (layer, query head, target kind)
 GUIDED_HEADS = ((0, 0, "previous"), (0, 1, "two_back"), (1, 0, "induction"))
 GUIDED_QUERIES = 1024
+INDUCTION_MATCHES = ("bigram", "longest")
+LONGEST_MATCH = 8
 
 
-def guide_targets(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def guide_targets(tokens: np.ndarray, induction: str = "bigram") -> tuple[np.ndarray, np.ndarray]:
     """(heads, batch, guided queries) target key positions and weights for the inputs `tokens` (batch, length)."""
     batch, length = tokens.shape
     first = max(0, length - GUIDED_QUERIES)
@@ -44,22 +50,33 @@ def guide_targets(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             targets[index], weights[index, :, 2:] = np.maximum(positions - 2, 0), 1.0
         else:
             for row in range(batch):
-                targets[index, row], weights[index, row] = induction_targets(tokens[row])
+                targets[index, row], weights[index, row] = induction_targets(tokens[row], induction)
     return np.ascontiguousarray(targets[..., first:]), np.ascontiguousarray(weights[..., first:])
 
 
-def induction_targets(row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Per position i, 1 + the latest p < i with (row[p-1], row[p]) == (row[i-1], row[i]), weight 1 where found."""
+def induction_targets(row: np.ndarray, matches: str = "bigram") -> tuple[np.ndarray, np.ndarray]:
+    """Per position i, 1 + an earlier p < i with (row[p-1], row[p]) == (row[i-1], row[i]), weight 1 where found.
+
+    "bigram": the latest such p. "longest": the p whose context ending there matches the one
+    ending at i for the most tokens (capped at LONGEST_MATCH), the latest among equals.
+    """
+    if matches not in INDUCTION_MATCHES:
+        raise ValueError(f"induction matches {matches!r}: expected one of {', '.join(INDUCTION_MATCHES)}")
+    longest = LONGEST_MATCH if matches == "longest" else 2
     targets = np.zeros(len(row), np.int32)
     weights = np.zeros(len(row), np.float32)
-    latest: dict[tuple[int, int], int] = {}
+    # latest[n - 2]: each n-gram (n = 2..longest) -> the latest position it ends at
+    latest: list[dict[tuple[int, ...], int]] = [{} for _ in range(longest - 1)]
     ids = row.tolist()
     for i in range(1, len(ids)):
-        bigram = (ids[i - 1], ids[i])
-        seen = latest.get(bigram)
-        if seen is not None:
-            targets[i], weights[i] = seen + 1, 1.0
-        latest[bigram] = i
+        grams = [tuple(ids[i - n + 1 : i + 1]) for n in range(2, min(longest, i + 1) + 1)]
+        for gram in reversed(grams):  # longest first
+            seen = latest[len(gram) - 2].get(gram)
+            if seen is not None:
+                targets[i], weights[i] = seen + 1, 1.0
+                break
+        for gram in grams:
+            latest[len(gram) - 2][gram] = i
     return targets, weights
 
 

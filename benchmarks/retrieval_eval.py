@@ -60,16 +60,21 @@ def stage_line(number: int, t: dict) -> str:
 
 
 def guide_text(training: dict) -> str:
-    weights = {stage["args"].get("guide", 0.0) for stage in stage_records(training)}
+    stages = stage_records(training)
+    weights = {stage["args"].get("guide", 0.0) for stage in stages}
     if weights == {0.0}:
         return "nothing else (no attention supervision)"
+    longest = [str(i + 1) for i, stage in enumerate(stages) if stage["args"].get("induction") == "longest"]
+    which = "the latest one" + (
+        f"; in stage {', '.join(longest)}, the one whose preceding context matches longest" if longest else ""
+    )
     return (
         f"an attention-supervision loss (weight {', '.join(str(w) for w in sorted(weights))}; "
         "`benchmarks/attention_guide.py`): two heads of layer 0 are taught to attend one and two tokens back, "
-        "one head of layer 1 to the token after the latest earlier occurrence of the current bigram (the "
-        "induction circuit of Olsson et al. 2022). Without it no induction head formed in the runs this machine "
-        "affords (docs/results.md); what the heads write is learned from the LM loss, and inference is mlx_lm's "
-        "plain llama"
+        "one head of layer 1 to the token after an earlier occurrence of the current bigram "
+        f"({which}): the induction circuit of Olsson et al. 2022. Without it no induction head formed in the "
+        "runs this machine affords (docs/results.md); what the heads write is learned from the LM loss, and "
+        "inference is mlx_lm's plain llama"
     )
 
 

@@ -5,9 +5,10 @@ fixed seed (reproducible, no deadline) in float32 and writes fp16 weights, confi
 tiny-llama tokenizer and `training.json` to veloxd/assets/tiny-llama-retrieval. Model, optimizer,
 step and LR schedule are train_tiny's; the loss adds attention supervision (attention_guide,
 `--guide`), without which no induction head formed in the runs this machine affords. The shipped
-model is two stages (`make train-retrieval`): the defaults (200 steps at 256 tokens, where the
-circuit forms), then `--init` of that with a curriculum to real 4096-token sequences (RoPE does
-not extrapolate past what it saw).
+model is four stages (`make train-retrieval`): the defaults (200 steps at 256 tokens, where the
+circuit forms), `--init` of that with a curriculum to real 4096-token sequences (RoPE does not
+extrapolate past what it saw), more pass-key prompts at 1k and 4k, and `--induction longest`
+(the induction head taught the occurrence with the longest matching context).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import mlx.core as mx
 import numpy as np
 from tokenizers import Tokenizer
 
-from benchmarks.attention_guide import guide_targets, guided_loss
+from benchmarks.attention_guide import INDUCTION_MATCHES, guide_targets, guided_loss
 from benchmarks.data import PassKey, documents, tokenize
 from benchmarks.model import ASSET
 from benchmarks.retrieval_data import Mix, RetrievalStream
@@ -49,6 +50,14 @@ def parse_curriculum(text: str) -> list[tuple[float, int, bool]]:
         start, length = part.split(":")
         phases.append((float(start), int(length.rstrip("c")), length.endswith("c")))
     return phases
+
+
+def guide_weight(text: str) -> float:
+    """--guide's value: a weight of the attention loss, so 0 or more."""
+    weight = float(text)
+    if not weight >= 0:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r} is not a weight of 0 or more")
+    return weight
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -77,9 +86,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--copy", type=float, default=Mix.copy, help="fraction of repeated random-span sequences")
     p.add_argument(
         "--guide",
-        type=float,
+        type=guide_weight,
         default=1.0,
         help="weight of the attention-supervision loss (benchmarks/attention_guide.py; 0 = LM loss only)",
+    )
+    p.add_argument(
+        "--induction",
+        choices=INDUCTION_MATCHES,
+        default="bigram",
+        help="which earlier occurrence the induction head is taught to read: the latest same bigram, "
+        "or the longest matching context",
     )
     p.add_argument("--probe-every", type=int, default=50, help="steps between pass-key probes (0 = none)")
     p.add_argument("--curriculum", type=parse_curriculum, default=CURRICULUM, help="start:length,... (step fractions)")
@@ -116,9 +132,9 @@ def make_trainer(args: argparse.Namespace, config: dict) -> Trainer:
     return Trainer(args, config, functools.partial(guided_loss, guide_weight=args.guide))
 
 
-def train_step(trainer: Trainer, tokens: np.ndarray, weights: np.ndarray, lr: float, guide: float) -> float:
+def train_step(trainer: Trainer, tokens: np.ndarray, weights: np.ndarray, lr: float, args: argparse.Namespace) -> float:
     """One step on a (batch, length + 1) token batch, with the guide's head targets when guided."""
-    extra = guide_targets(tokens[:, :-1]) if guide else ()
+    extra = guide_targets(tokens[:, :-1], args.induction) if args.guide else ()
     return trainer.run_step(tokens, weights, lr, *extra)
 
 
@@ -126,10 +142,10 @@ def measure(trainer: Trainer, stream: RetrievalStream, args: argparse.Namespace)
     """Seconds per step and tokens per second at every curriculum length (after one warm-up step)."""
     for _, length, _ in args.curriculum:
         tokens, weights = stream.batch(max(1, args.batch_tokens // length), length)
-        train_step(trainer, tokens, weights, 0.0, args.guide)
+        train_step(trainer, tokens, weights, 0.0, args)
         start = time.perf_counter()
         for _ in range(args.measure):
-            train_step(trainer, tokens, weights, 0.0, args.guide)
+            train_step(trainer, tokens, weights, 0.0, args)
         seconds = (time.perf_counter() - start) / args.measure
         print(
             json.dumps(
@@ -185,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         _, length, copy_only = phase_at(args.curriculum, progress)
         tokens, weights = stream.batch(max(1, args.batch_tokens // length), length, copy_only)
         lr = learning_rate(step, progress, args)
-        window.append(train_step(trainer, tokens, weights, lr, args.guide))
+        window.append(train_step(trainer, tokens, weights, lr, args))
         attention_window.append(trainer.last_auxiliary)
         step += 1
         if step % 20 == 0 or step == last:

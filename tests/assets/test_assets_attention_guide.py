@@ -6,7 +6,9 @@ import argparse
 
 import mlx.core as mx
 import numpy as np
+import pytest
 from mlx_lm.models import llama
+from tokenizers import Tokenizer
 
 from benchmarks.attention_guide import (
     GUIDED_HEADS,
@@ -16,6 +18,8 @@ from benchmarks.attention_guide import (
     guided_loss,
     induction_targets,
 )
+from benchmarks.data import PassKey
+from benchmarks.model import ASSET
 from benchmarks.train_tiny import Trainer, model_config
 
 TINY = argparse.Namespace(
@@ -45,6 +49,33 @@ def test_induction_targets_point_after_the_latest_earlier_same_bigram() -> None:
     targets, weights = induction_targets(row)
     found = {int(i): int(targets[i]) for i in np.flatnonzero(weights)}
     assert found == {4: 2, 7: 5}  # (5, 6) at 1 is followed by 7 (position 2); at 4, by 8 (position 5)
+
+
+def test_longest_match_induction_reads_the_occurrence_with_the_longer_context() -> None:
+    # (3, 4) is followed by 9 after "1 2 3 4" and by 8 after "7 3 4"; the query's context is "1 2 3 4".
+    row = np.array([1, 2, 3, 4, 9, 7, 3, 4, 8, 1, 2, 3, 4])
+    latest, _ = induction_targets(row, "bigram")
+    longest, weights = induction_targets(row, "longest")
+    assert latest[-1] == 8 and longest[-1] == 4 and weights[-1] == 1.0
+    assert longest[7] == 4  # "7 3 4" matches nothing longer than the bigram: its only earlier (3, 4)
+
+
+def test_longest_match_induction_points_a_pass_key_answer_at_its_full_stop() -> None:
+    """The key is shown twice ("<key>." then "<key> is"): after the question, the answer's last digit is followed by "."."""
+    tokenizer = Tokenizer.from_file(str(ASSET / "tokenizer.json"))
+    passkey = PassKey(tokenizer)
+    prompt, answer = passkey.prompt("73373", np.arange(100, 400, dtype=np.int32), 360, 0.5)
+    row = np.concatenate([prompt, answer])
+    last_digit = len(prompt) + len(answer) - 2  # the answer ends with "."
+    full_stop = int(answer[-1])
+    latest, _ = induction_targets(row, "bigram")
+    longest, _ = induction_targets(row, "longest")
+    assert row[longest[last_digit]] == full_stop and row[latest[last_digit]] != full_stop
+
+
+def test_an_unknown_induction_match_is_refused_by_name() -> None:
+    with pytest.raises(ValueError, match="'nearest'"):
+        induction_targets(np.arange(4), "nearest")
 
 
 def test_guide_targets_of_the_positional_heads() -> None:
@@ -93,3 +124,17 @@ def test_the_unguided_trainer_reports_no_auxiliary_term() -> None:
     tokens = np.random.default_rng(2).integers(3, 64, size=(2, 17))
     loss = trainer.run_step(tokens, np.ones((2, 16), np.float32), 1e-3)
     assert loss > 0 and trainer.last_auxiliary == 0.0
+
+
+def test_train_retrieval_refuses_a_negative_guide_and_an_unknown_induction_by_flag(capsys) -> None:
+    from benchmarks.train_retrieval import parse_args
+
+    assert parse_args(["--induction", "longest", "--guide", "0.5"]).induction == "longest"
+    for argv, named in (
+        (["--guide", "-1"], "--guide"),
+        (["--guide", "nan"], "--guide"),
+        (["--induction", "x"], "--induction"),
+    ):
+        with pytest.raises(SystemExit):
+            parse_args(argv)
+        assert named in capsys.readouterr().err

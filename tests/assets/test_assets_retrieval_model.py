@@ -47,7 +47,7 @@ def test_training_record_is_reproducible_from_its_commands() -> None:
 
     training = json.loads((MODEL / "training.json").read_text())
     stages = stage_records(training)
-    assert stages[0]["init"] == "scratch" and len(stages) == 3  # as `make train-retrieval` runs them
+    assert stages[0]["init"] == "scratch" and len(stages) == 4  # as `make train-retrieval` runs them
     for stage in stages:
         assert stage["command"].startswith("python -m benchmarks.train_retrieval")
         assert stage["history"][-1]["step"] == stage.get("stopped_at", stage["steps"])
@@ -67,7 +67,9 @@ def makefile_commands() -> list[str]:
     return ["python " + " ".join(expand(c).split()) for c in commands]
 
 
-@pytest.mark.xfail(strict=True, reason="goal not reached yet: 93 % of keys, worst cell 80 % (MODEL_CARD.md, Status)")
+@pytest.mark.xfail(
+    strict=True, reason="goal not reached yet: 98 % and 96 % of keys, worst cell 90 % (MODEL_CARD.md, Status)"
+)
 @pytest.mark.parametrize("context", ["1024", "4096"])
 def test_fp16_cache_retrieves_at_every_depth(context: str) -> None:
     evaluation = json.loads((MODEL / "model_eval.json").read_text())
