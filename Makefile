@@ -76,7 +76,7 @@ bench-kv: $(BENCH_STAMP)
 bench-retrieval: $(BENCH_STAMP)
 	$(BLAS_ENV) $(PY) -m benchmarks.retrieval
 
-# Four fixed-seed, fixed-step stages (reproducible), ~85 min on 2 idle cores: from scratch, 200 steps
+# Four fixed-seed, fixed-step stages (reproducible), ~81 min on 2 idle cores: from scratch, 200 steps
 # at 256 tokens (the defaults: the induction circuit forms), a fine-tune with a curriculum to real
 # 4096-token sequences, one more on 1k and 4k with more pass-key prompts, and one that teaches the
 # induction head the longest matching context (stages 3 and 4 start from, and replace, the model
