@@ -10,8 +10,12 @@ attention against target positions) teaches the circuit's attention patterns; wh
 write, and everything else, comes from the LM loss. The weights stay a plain llama checkpoint:
 inference is mlx_lm's unchanged forward pass.
 
-Guided heads (GUIDED_HEADS; with GQA 4/2, query heads 0 and 1 share KV head 0):
-- layer 0, head 0 attends to the previous token, head 1 to the token two back (a bigram context);
+Guided heads (guided_heads(lookback); with GQA 4/2, query heads 0 and 1 share KV head 0):
+- layer 0, heads 0 .. lookback - 1 attend to the token 1 .. lookback back. The induction head can
+  only match as much context as the key it reads carries: the token after an earlier p knows
+  tokens p .. p - lookback + 1, so lookback 2 matches a bigram and lookback 3 a trigram. A bigram
+  cannot tell the runs in 38666 apart (after "3866" the earlier "66" is followed by "6" and by
+  "."), a trigram can ("866" against "666");
 - layer 1, head 0 (induction) attends to the token after an earlier occurrence of the current
   bigram, where there is one (other positions weigh 0). Which occurrence (INDUCTION_MATCHES):
   "bigram", the latest; "longest", the one whose preceding context matches longest (up to
@@ -29,25 +33,33 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
-# (layer, query head, target kind)
-GUIDED_HEADS = ((0, 0, "previous"), (0, 1, "two_back"), (1, 0, "induction"))
+
+def guided_heads(lookback: int = 2) -> tuple[tuple[int, int, str], ...]:
+    """(layer, query head, target kind): layer 0's heads attend 1 .. lookback back, layer 1's head 0 is the induction head."""
+    if lookback < 1:
+        raise ValueError(f"lookback {lookback}: expected 1 or more tokens back")
+    return tuple((0, n - 1, f"back_{n}") for n in range(1, lookback + 1)) + ((1, 0, "induction"),)
+
+
+GUIDED_HEADS = guided_heads()  # what stages 1 to 5 of `make train-retrieval` were taught
 GUIDED_QUERIES = 1024
 INDUCTION_MATCHES = ("bigram", "longest")
 LONGEST_MATCH = 8
 
 
-def guide_targets(tokens: np.ndarray, induction: str = "bigram") -> tuple[np.ndarray, np.ndarray]:
+def guide_targets(
+    tokens: np.ndarray, induction: str = "bigram", heads: tuple[tuple[int, int, str], ...] = GUIDED_HEADS
+) -> tuple[np.ndarray, np.ndarray]:
     """(heads, batch, guided queries) target key positions and weights for the inputs `tokens` (batch, length)."""
     batch, length = tokens.shape
     first = max(0, length - GUIDED_QUERIES)
     positions = np.arange(length)
-    targets = np.zeros((len(GUIDED_HEADS), batch, length), np.int32)
-    weights = np.zeros((len(GUIDED_HEADS), batch, length), np.float32)
-    for index, (_, _, kind) in enumerate(GUIDED_HEADS):
-        if kind == "previous":
-            targets[index], weights[index, :, 1:] = np.maximum(positions - 1, 0), 1.0
-        elif kind == "two_back":
-            targets[index], weights[index, :, 2:] = np.maximum(positions - 2, 0), 1.0
+    targets = np.zeros((len(heads), batch, length), np.int32)
+    weights = np.zeros((len(heads), batch, length), np.float32)
+    for index, (_, _, kind) in enumerate(heads):
+        if kind.startswith("back_"):
+            back = int(kind.removeprefix("back_"))
+            targets[index], weights[index, :, back:] = np.maximum(positions - back, 0), 1.0
         else:
             for row in range(batch):
                 targets[index, row], weights[index, row] = induction_targets(tokens[row], induction)
@@ -80,7 +92,9 @@ def induction_targets(row: np.ndarray, matches: str = "bigram") -> tuple[np.ndar
     return targets, weights
 
 
-def guided_forward(model: nn.Module, inputs: mx.array) -> tuple[mx.array, list[mx.array]]:
+def guided_forward(
+    model: nn.Module, inputs: mx.array, heads: tuple[tuple[int, int, str], ...] = GUIDED_HEADS
+) -> tuple[mx.array, list[mx.array]]:
     """mlx_lm llama's forward pass, also returning the guided heads' attention log-probabilities.
 
     Same modules and arithmetic as mlx_lm.models.llama (checked against it in tests/kv's guide
@@ -102,7 +116,7 @@ def guided_forward(model: nn.Module, inputs: mx.array) -> tuple[mx.array, list[m
         queries, keys = attention.rope(queries), attention.rope(keys)
         out = mx.fast.scaled_dot_product_attention(queries, keys, values, scale=attention.scale, mask="causal")
         group = attention.n_heads // attention.n_kv_heads
-        for guided_layer, head, _ in GUIDED_HEADS:
+        for guided_layer, head, _ in heads:
             if guided_layer == layer_index:
                 # (batch, guided queries, head_dim) @ (batch, head_dim, length) -> (batch, guided queries, length)
                 scores = queries[:, head, first:] @ keys[:, head // group].transpose(0, 2, 1)
@@ -123,9 +137,10 @@ def guided_loss(
     head_targets: mx.array,
     head_weights: mx.array,
     guide_weight: float,
+    heads: tuple[tuple[int, int, str], ...] = GUIDED_HEADS,
 ) -> tuple[mx.array, mx.array]:
     """(LM loss + guide_weight * mean attention loss, the attention loss alone)."""
-    logits, log_probs = guided_forward(model, inputs)
+    logits, log_probs = guided_forward(model, inputs, heads)
     ce = nn.losses.cross_entropy(logits, targets, reduction="none")  # (batch, length)
     lm = (ce * mask).sum() / mask.sum()
     attention = mx.array(0.0)

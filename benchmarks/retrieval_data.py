@@ -11,6 +11,10 @@ Four kinds of sequence, seeded so a run is reproducible:
   (with extra mass at the ends 0.0 and 1.0, which the benchmark asks for), answered at the end;
 - several `name = value` lines embedded in code text, then recall lines `name == value` at the
   end, so retrieval is learned as a general lookup, not only for the pass-key sentence.
+Keys and values are uniform 5-digit numbers, or (`--hard-keys`, a fraction) drawn from
+KEY_SHAPES: periodic and repeated-digit keys such as 43636 or 38666. Those are the ones a
+stage-4 model kept missing (docs/results.md): after "4363" an earlier "36" is followed by "3",
+so only the longer context tells the answer's last "6" from its first one.
 Loss masks: random digits the model cannot predict (the first sight of a key or value) weigh 0,
 answers weigh ANSWER_WEIGHT, so the sparse retrieval signal is not drowned by the code loss.
 """
@@ -27,6 +31,11 @@ from benchmarks.data import PassKey, TextSampler, TokenizedCorpus, random_key
 ANSWER_WEIGHT = 4.0
 VOCAB = 2048  # the shared tiny-llama tokenizer's; ids below 6 are special tokens
 END_DEPTH_MASS = 0.1  # probability of depth exactly 0.0, and again of exactly 1.0
+# Digit patterns of the hard keys, in first-appearance letter order (ABCBC is 43636 or 15656).
+KEY_SHAPES = (
+    "AAAAA", "AAAAB", "ABBBB", "AABBB", "AAABB", "ABAAA", "AABAA", "ABCCC", "ABBBC", "ABABA",
+    "ABABC", "ABCBC", "ABCAB", "ABACA", "ABCAC", "ABCBA", "ABBAB", "AABAB", "ABCDC", "ABCBD",
+)  # fmt: skip
 NAME_WORDS = [
     "alpha",
     "beta",
@@ -66,6 +75,7 @@ class Mix:
     recall: float = 0.3
     max_recalls: int = 6  # recall pairs per sequence, at most (long sequences carry more signal)
     copy: float = 0.1
+    hard_keys: float = 0.0  # fraction of keys and values drawn from KEY_SHAPES
 
     def to_dict(self) -> dict[str, float]:
         code = round(1 - self.passkey - self.recall - self.copy, 4)
@@ -75,7 +85,18 @@ class Mix:
             "copy": self.copy,
             "code": code,
             "max_recalls": self.max_recalls,
+            "hard_keys": self.hard_keys,
         }
+
+
+def shaped_key(rng: random.Random) -> str:
+    """A 5-digit key of a random KEY_SHAPES pattern (never a leading 0, like data.random_key)."""
+    shape = rng.choice(KEY_SHAPES)
+    letters = sorted(set(shape))
+    while True:
+        digits = dict(zip(letters, rng.sample("0123456789", len(letters))))
+        if digits[shape[0]] != "0":
+            return "".join(digits[letter] for letter in shape)
 
 
 def key_depth(rng: random.Random) -> float:
@@ -134,6 +155,12 @@ class RetrievalStream:
             used += len(separator) + len(block)
         return np.concatenate(pieces)[:length], np.concatenate(weights)[:length]
 
+    def key(self) -> str:
+        # No draw at all when hard_keys is 0, so earlier stages' data streams replay unchanged.
+        if self.mix.hard_keys and self.rng.random() < self.mix.hard_keys:
+            return shaped_key(self.rng)
+        return random_key(self.rng)
+
     def _random_ids(self, count: int) -> np.ndarray:
         return np.asarray([self.rng.randrange(6, VOCAB) for _ in range(count)], dtype=np.int32)
 
@@ -143,7 +170,7 @@ class RetrievalStream:
         The question ends the sequence (as in the benchmark) half the time; otherwise the prompt
         is shorter and code text follows, so short key-question distances are seen too.
         """
-        key = random_key(self.rng)
+        key = self.key()
         answer = self.passkey.answer(key)
         full = length - len(answer)
         total = full if self.rng.random() < 0.5 else self.rng.randint(min(full, 96), full)
@@ -165,7 +192,7 @@ class RetrievalStream:
         # ~37 tokens per definition + recall pair: at most one pair per 64 tokens, so text remains.
         count = self.rng.randint(2, max(2, min(self.mix.max_recalls, length // 64)))
         names = [f"{self.rng.choice(NAME_WORDS)}_{self.rng.choice(NAME_WORDS)}_{i}" for i in range(count)]
-        values = [random_key(self.rng) for _ in names]
+        values = [self.key() for _ in names]
         defs = [self.passkey.encode(f"\n{n} = {v}\n") for n, v in zip(names, values)]
         order = list(range(count))
         self.rng.shuffle(order)

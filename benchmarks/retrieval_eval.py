@@ -68,9 +68,17 @@ def guide_text(training: dict) -> str:
     which = "the latest one" + (
         f"; in stage {', '.join(longest)}, the one whose preceding context matches longest" if longest else ""
     )
+    lookbacks = [stage["args"].get("lookback", 2) for stage in stages]  # stages before --lookback: 2
+    back = "two heads of layer 0 are taught to attend one and two tokens back"
+    if set(lookbacks) != {2}:
+        back = (
+            "heads of layer 0 are taught to attend 1 .. N tokens back (N by stage: "
+            + ", ".join(f"{i + 1}: {n}" for i, n in enumerate(lookbacks))
+            + ")"
+        )
     return (
         f"an attention-supervision loss (weight {', '.join(str(w) for w in sorted(weights))}; "
-        "`benchmarks/attention_guide.py`): two heads of layer 0 are taught to attend one and two tokens back, "
+        f"`benchmarks/attention_guide.py`): {back}, "
         "one head of layer 1 to the token after an earlier occurrence of the current bigram "
         f"({which}): the induction circuit of Olsson et al. 2022. Without it no induction head formed in the "
         "runs this machine affords (docs/results.md); what the heads write is learned from the LM loss, and "

@@ -27,7 +27,7 @@ import mlx.core as mx
 import numpy as np
 from tokenizers import Tokenizer
 
-from benchmarks.attention_guide import INDUCTION_MATCHES, guide_targets, guided_loss
+from benchmarks.attention_guide import INDUCTION_MATCHES, guide_targets, guided_heads, guided_loss
 from benchmarks.data import PassKey, documents, tokenize
 from benchmarks.model import ASSET
 from benchmarks.retrieval_data import Mix, RetrievalStream
@@ -60,6 +60,14 @@ def guide_weight(text: str) -> float:
     return weight
 
 
+def fraction(text: str) -> float:
+    """A fraction's value: 0 to 1."""
+    value = float(text)
+    if not 0 <= value <= 1:  # also refuses nan
+        raise argparse.ArgumentTypeError(f"{text!r} is not a fraction from 0 to 1")
+    return value
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--out", type=Path, default=OUT)
@@ -85,6 +93,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-recalls", type=int, default=Mix.max_recalls, help="recall pairs per sequence, at most")
     p.add_argument("--copy", type=float, default=Mix.copy, help="fraction of repeated random-span sequences")
     p.add_argument(
+        "--hard-keys",
+        type=fraction,
+        default=Mix.hard_keys,
+        help="fraction of keys and values that are periodic or repeated-digit (retrieval_data.KEY_SHAPES)",
+    )
+    p.add_argument(
         "--guide",
         type=guide_weight,
         default=1.0,
@@ -96,6 +110,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="bigram",
         help="which earlier occurrence the induction head is taught to read: the latest same bigram, "
         "or the longest matching context",
+    )
+    p.add_argument(
+        "--lookback",
+        type=int,
+        default=2,
+        help="layer-0 heads taught to attend 1 .. N tokens back: the induction head matches N tokens of context",
     )
     p.add_argument("--probe-every", type=int, default=50, help="steps between pass-key probes (0 = none)")
     p.add_argument("--curriculum", type=parse_curriculum, default=CURRICULUM, help="start:length,... (step fractions)")
@@ -128,13 +148,18 @@ def make_trainer(args: argparse.Namespace, config: dict) -> Trainer:
     if not args.guide:
         return Trainer(args, config)
     if config["num_hidden_layers"] < 2 or config["num_attention_heads"] < 2:
-        raise SystemExit("--guide needs at least 2 layers and 2 attention heads (attention_guide.GUIDED_HEADS)")
-    return Trainer(args, config, functools.partial(guided_loss, guide_weight=args.guide))
+        raise SystemExit("--guide needs at least 2 layers and 2 attention heads (attention_guide.guided_heads)")
+    if not 1 <= args.lookback <= config["num_attention_heads"]:
+        raise SystemExit(
+            f"--lookback {args.lookback}: expected 1 to {config['num_attention_heads']} (one layer-0 head each)"
+        )
+    heads = guided_heads(args.lookback)
+    return Trainer(args, config, functools.partial(guided_loss, guide_weight=args.guide, heads=heads))
 
 
 def train_step(trainer: Trainer, tokens: np.ndarray, weights: np.ndarray, lr: float, args: argparse.Namespace) -> float:
     """One step on a (batch, length + 1) token batch, with the guide's head targets when guided."""
-    extra = guide_targets(tokens[:, :-1], args.induction) if args.guide else ()
+    extra = guide_targets(tokens[:, :-1], args.induction, guided_heads(args.lookback)) if args.guide else ()
     return trainer.run_step(tokens, weights, lr, *extra)
 
 
@@ -173,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = Tokenizer.from_file(str(ASSET / "tokenizer.json"))
     corpus = tokenize(tokenizer, documents()["train"])
     config = config_for(args)
-    mix = Mix(args.passkey, args.recall, args.max_recalls, args.copy)
+    mix = Mix(args.passkey, args.recall, args.max_recalls, args.copy, args.hard_keys)
     trainer = make_trainer(args, config)
     if args.init is not None:
         trainer.model.load_weights(str(args.init / "model.safetensors"))

@@ -15,6 +15,7 @@ from benchmarks.attention_guide import (
     GUIDED_QUERIES,
     guide_targets,
     guided_forward,
+    guided_heads,
     guided_loss,
     induction_targets,
 )
@@ -78,13 +79,44 @@ def test_an_unknown_induction_match_is_refused_by_name() -> None:
         induction_targets(np.arange(4), "nearest")
 
 
-def test_guide_targets_of_the_positional_heads() -> None:
-    targets, weights = guide_targets(np.arange(6)[None, :])  # (1, 6): no repeated bigram
-    kinds = [kind for _, _, kind in GUIDED_HEADS]
-    previous, two_back, induction = (kinds.index(k) for k in ("previous", "two_back", "induction"))
-    assert targets[previous, 0, 1:].tolist() == [0, 1, 2, 3, 4] and weights[previous, 0].tolist() == [0] + [1] * 5
-    assert targets[two_back, 0, 2:].tolist() == [0, 1, 2, 3] and weights[two_back, 0, :2].tolist() == [0, 0]
-    assert not weights[induction].any()
+@pytest.mark.parametrize("lookback", [1, 2, 3])
+def test_guide_targets_of_the_positional_heads(lookback: int) -> None:
+    heads = guided_heads(lookback)
+    assert [(layer, head) for layer, head, _ in heads] == [(0, n) for n in range(lookback)] + [(1, 0)]
+    targets, weights = guide_targets(np.arange(6)[None, :], "bigram", heads)  # (1, 6): no repeated bigram
+    kinds = [kind for _, _, kind in heads]
+    for back in range(1, lookback + 1):
+        index = kinds.index(f"back_{back}")
+        assert targets[index, 0, back:].tolist() == list(range(6 - back))
+        assert weights[index, 0].tolist() == [0] * back + [1] * (6 - back)
+    assert not weights[kinds.index("induction")].any()
+    assert guided_heads() == GUIDED_HEADS and len(GUIDED_HEADS) == 3  # stages 1 to 5 were taught lookback 2
+    with pytest.raises(ValueError, match="lookback 0"):
+        guided_heads(0)
+
+
+def test_a_trigram_lookback_tells_apart_the_runs_a_bigram_confuses() -> None:
+    """After the answer's "3866" of 38666, the taught target and the "." after the key's "666" carry
+    the same two tokens back but different third ones: only lookback 3 lets the induction head match."""
+    tokenizer = Tokenizer.from_file(str(ASSET / "tokenizer.json"))
+    passkey = PassKey(tokenizer)
+    prompt, answer = passkey.prompt("38666", np.arange(100, 400, dtype=np.int32), 360, 0.5)
+    row = np.concatenate([prompt, answer])
+    query = len(prompt) + 3  # the answer's tokens: " 3" "8" "6" "6" "6" "."; this is its second "6"
+    target = int(induction_targets(row, "longest")[0][query])
+    full_stop = int(answer[-1])
+    intro = int(np.flatnonzero(row == int(answer[0]))[0])  # the key's first sight
+    wrong = intro + 5  # the "." after the intro's "666"
+    assert row[target] == row[query + 1] and row[wrong] == full_stop
+
+    def seen_by_query(lookback: int) -> tuple[int, ...]:  # the query token and what layer 0 brings it
+        return tuple(int(row[query - n]) for n in range(lookback))
+
+    def seen_by_key(position: int, lookback: int) -> tuple[int, ...]:  # a key brings the tokens before it
+        return tuple(int(row[position - n]) for n in range(1, lookback + 1))
+
+    assert seen_by_key(target, 2) == seen_by_key(wrong, 2) == seen_by_query(2)
+    assert seen_by_key(target, 3) == seen_by_query(3) != seen_by_key(wrong, 3)
 
 
 def test_long_sequences_guide_their_last_queries_with_absolute_key_positions() -> None:
@@ -103,15 +135,17 @@ def test_long_sequences_guide_their_last_queries_with_absolute_key_positions() -
     assert np.triu(probs, k=1 + length - GUIDED_QUERIES).max() < 1e-6 and probs[0, :41].sum() > 0.999
 
 
-def test_a_guided_trainer_learns_the_attention_patterns() -> None:
+@pytest.mark.parametrize("lookback", [2, 3])
+def test_a_guided_trainer_learns_the_attention_patterns(lookback: int) -> None:
     """Repeated random blocks: the guided heads' attention loss falls by far within a few dozen steps."""
-    trainer = Trainer(TINY, model_config(TINY), lambda *a: guided_loss(*a, guide_weight=1.0))
+    heads = guided_heads(lookback)
+    trainer = Trainer(TINY, model_config(TINY), lambda *a: guided_loss(*a, guide_weight=1.0, heads=heads))
     rng = np.random.default_rng(1)
     first = last = 0.0
     for _ in range(60):
         block = rng.integers(3, 64, size=(8, 12))
         tokens = np.concatenate([block, block, block[:, :9]], axis=1)  # (8, 33): inputs and targets of 32
-        targets = guide_targets(tokens[:, :-1])
+        targets = guide_targets(tokens[:, :-1], "longest", heads)
         trainer.run_step(tokens, np.ones((8, 32), np.float32), 3e-3, *targets)
         first = first or trainer.last_auxiliary
         last = trainer.last_auxiliary
@@ -126,15 +160,28 @@ def test_the_unguided_trainer_reports_no_auxiliary_term() -> None:
     assert loss > 0 and trainer.last_auxiliary == 0.0
 
 
-def test_train_retrieval_refuses_a_negative_guide_and_an_unknown_induction_by_flag(capsys) -> None:
+def test_train_retrieval_refuses_a_bad_guide_induction_or_hard_keys_by_flag(capsys) -> None:
     from benchmarks.train_retrieval import parse_args
 
     assert parse_args(["--induction", "longest", "--guide", "0.5"]).induction == "longest"
+    assert parse_args(["--hard-keys", "0.5"]).hard_keys == 0.5
+    assert parse_args(["--lookback", "3"]).lookback == 3
     for argv, named in (
         (["--guide", "-1"], "--guide"),
         (["--guide", "nan"], "--guide"),
         (["--induction", "x"], "--induction"),
+        (["--hard-keys", "1.5"], "--hard-keys"),
+        (["--hard-keys", "nan"], "--hard-keys"),
     ):
         with pytest.raises(SystemExit):
             parse_args(argv)
         assert named in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("lookback", ["0", "5"])
+def test_train_retrieval_refuses_a_lookback_without_a_head_for_each_token_back(lookback: str) -> None:
+    from benchmarks.train_retrieval import config_for, make_trainer, parse_args
+
+    args = parse_args(["--lookback", lookback])  # the shipped shape: 4 attention heads
+    with pytest.raises(SystemExit, match=f"--lookback {lookback}: expected 1 to 4"):
+        make_trainer(args, config_for(args))

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import random
 import re
 
 import numpy as np
 import pytest
 
 from benchmarks.data import PASS_KEY_QUESTION, PassKey, TokenizedCorpus
-from benchmarks.retrieval_data import ANSWER_WEIGHT, RetrievalStream, first_occurrence
+from benchmarks.retrieval_data import ANSWER_WEIGHT, KEY_SHAPES, Mix, RetrievalStream, first_occurrence, shaped_key
 
 
 @pytest.fixture(scope="module")
@@ -89,3 +90,40 @@ def test_copy_blocks_repeat_after_random_separators_and_only_repeats_weigh(piece
         i = int(np.flatnonzero(weights)[0])
         offsets.add(i - int(np.flatnonzero(tokens[:i] == tokens[i])[0]))
     assert len(offsets) > 1
+
+
+def shape_of(key: str) -> str:
+    """The KEY_SHAPES pattern a key has: each new digit the next letter."""
+    letters: dict[str, str] = {}
+    return "".join(letters.setdefault(digit, "ABCDE"[len(letters)]) for digit in key)
+
+
+def test_shaped_keys_are_five_digit_keys_of_every_shape() -> None:
+    rng = random.Random(0)
+    keys = [shaped_key(rng) for _ in range(2000)]
+    assert all(re.fullmatch(r"[1-9]\d{4}", key) for key in keys)
+    assert {shape_of(key) for key in keys} == set(KEY_SHAPES)
+    assert len(set(keys)) > 1000  # the digits vary, not only the shapes
+
+
+def test_hard_keys_reach_pass_keys_and_recalls_and_zero_keeps_the_stream(pieces) -> None:
+    passkey, corpus = pieces
+
+    def keys_of(stream: RetrievalStream) -> list[str]:
+        found = []
+        for _ in range(30):
+            text = passkey.tokenizer.decode(stream.passkey_sequence(200)[0].tolist())
+            found += re.findall(r"pass key is (\d{5})\.", text)[:1]
+            text = passkey.tokenizer.decode(stream.recall_sequence(300)[0].tolist())
+            found += re.findall(r"== (\d{5})\n", text)
+        return found
+
+    uniform = keys_of(RetrievalStream(corpus, passkey, seed=5))
+    hard = keys_of(RetrievalStream(corpus, passkey, seed=5, mix=Mix(hard_keys=1.0)))
+    assert len(uniform) > 60 and len(hard) > 60
+    assert all(shape_of(key) in KEY_SHAPES for key in hard)
+    assert sum(shape_of(key) in KEY_SHAPES for key in uniform) < len(uniform) / 2
+    # hard_keys 0 draws nothing extra: the default mix and an explicit 0 give the same data
+    default = RetrievalStream(corpus, passkey, seed=6).batch(4, 256)
+    explicit = RetrievalStream(corpus, passkey, seed=6, mix=Mix(hard_keys=0.0)).batch(4, 256)
+    assert all(np.array_equal(a, b) for a, b in zip(default, explicit))
