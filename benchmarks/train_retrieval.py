@@ -5,10 +5,12 @@ fixed seed (reproducible, no deadline) in float32 and writes fp16 weights, confi
 tiny-llama tokenizer and `training.json` to veloxd/assets/tiny-llama-retrieval. Model, optimizer,
 step and LR schedule are train_tiny's; the loss adds attention supervision (attention_guide,
 `--guide`), without which no induction head formed in the runs this machine affords. The shipped
-model is four stages (`make train-retrieval`): the defaults (200 steps at 256 tokens, where the
+model is six stages (`make train-retrieval`): the defaults (200 steps at 256 tokens, where the
 circuit forms), `--init` of that with a curriculum to real 4096-token sequences (RoPE does not
-extrapolate past what it saw), more pass-key prompts at 1k and 4k, and `--induction longest`
-(the induction head taught the occurrence with the longest matching context).
+extrapolate past what it saw), more pass-key prompts at 1k and 4k, `--induction longest` (the
+induction head taught the occurrence with the longest matching context), `--hard-keys` (periodic
+and repeated-digit keys) and `--lookback 3` (a third layer-0 head, so the induction head can
+match trigrams; docs/results.md says why).
 """
 
 from __future__ import annotations
