@@ -279,3 +279,36 @@ def test_always_servers_over_budget_are_reported_by_check_plan_and_the_daemon(
     event = h.wait_event("memory_overcommitted")
     assert event["servers"] == ["second"] and event["budget"] == 1_500_000
     h.wait_states({"first": "ready", "second": "ready"})  # reported, not refused: `always` means always
+
+
+def test_a_request_for_a_waiting_server_is_told_why_and_the_server_heals(
+    harness: DaemonHarness, tmp_path: Path
+) -> None:
+    """Its port taken: a 503 naming the port (not a request held until the start times out), and once
+    the port is free the server starts and answers."""
+    import socket
+
+    h = harness
+    gateway = {"port": free_port()}
+    squatter = socket.socket()
+    squatter.bind(("127.0.0.1", 0))
+    squatter.listen()
+    port = squatter.getsockname()[1]
+    try:
+        lazy = fake_entry(model_dir(tmp_path, "m"), port=port, start="on_demand")
+        h.write(gateway_yaml(gateway, {"lazy": lazy}))
+        h.start()
+        h.wait_states({GATEWAY: "ready", "lazy": "stopped"})
+        base = f"http://127.0.0.1:{gateway['port']}"
+        # the first request starts it and waits for it; the daemon finds the port taken
+        status, body = post(base, "/v1/completions", {"model": "lazy", "prompt": "x"}, timeout=120)
+        assert status == 503, body
+        assert "waiting" in body["error"]["message"] and str(port) in body["error"]["message"]
+        h.wait_states({"lazy": "waiting"})
+        status, body = post(base, "/v1/completions", {"model": "lazy", "prompt": "x"}, timeout=120)
+        assert status == 503 and str(port) in body["error"]["message"]
+    finally:
+        squatter.close()
+    h.wait_states({"lazy": "ready"}, timeout=120)  # the condition cleared: the requested start goes on
+    status, body = post(base, "/v1/completions", {"model": "lazy", "prompt": "x"})
+    assert status == 200, body

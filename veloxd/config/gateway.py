@@ -29,7 +29,9 @@ from veloxd.config.sections import RestartPolicy
 
 GATEWAY_NAME = "@gateway"  # its name among supervised processes: never a valid entry name
 # Ports of entries that leave `port` out come from this range: a hash of the name, probed upward.
-ASSIGNED_PORTS = (38100, 38999)
+# Below the ephemeral ranges (Linux 32768-60999, macOS 49152-65535): an outgoing connection's
+# local port can never take an assigned port while its on-demand server is stopped.
+ASSIGNED_PORTS = (28100, 28999)
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from veloxd.config.argv import serve_argv
+from veloxd.config.gateway import ASSIGNED_PORTS
 from veloxd.config.keys import API_KEY_ENV_SCHEMA, ENV_SCHEMA, HOST_SCHEMA, key, section
 from veloxd.config.sections import Dashboard, Distributed, Limits, PromptCache, RestartPolicy, Sampling
 from veloxd.kv.config import KVCacheConfig
@@ -37,8 +38,8 @@ class ServerEntry:
     port: int = key(
         None,
         help="TCP port of this server's OpenAI-compatible API; host:port pairs must be unique. "
-        "May be left out when a `gateway:` block is present: then assigned from 38100-38999 (a hash of "
-        "the name, the same on every reload).",
+        "May be left out when a `gateway:` block is present: then assigned from "
+        f"{ASSIGNED_PORTS[0]}-{ASSIGNED_PORTS[1]} (a hash of the name, the same on every reload).",
         schema={"type": ["integer", "null"], "minimum": 1, "maximum": 65535},
     )
     host: str = key(

@@ -117,6 +117,7 @@ class OnDemand:
                 "upstream_token": _token(entry),  # the socket is the user's only (0600)
                 "need": self.need(entry).total,
                 "fatal_reason": server.fatal_reason if server is not None else None,
+                "waiting_reason": server.waiting_reason() if server is not None else None,
             }
         gateway = config.gateway.to_dict() if config.gateway is not None else None
         return {"config_sha256": config.sha256, "gateway": gateway, "budget": self.budget(), "servers": servers}

@@ -351,6 +351,10 @@ class ServerProcess:
             self._probe_cancel.set()
             self._probe_cancel = None
 
+    def waiting_reason(self) -> str | None:
+        """What the world lacks for this server to start (its waiting conditions), while it waits."""
+        return "; ".join(c.message for c in self.waiting_for) if self.state is S.WAITING else None
+
     def snapshot(self) -> dict[str, Any]:
         """This server's facts for the state file."""
         entry = self.entry
@@ -373,7 +377,7 @@ class ServerProcess:
             "last_error": self.last_error,
             "startup_s": self.startup_s,
             "ready": self.ready_payload,  # the worker's READY line: bits, measured KV bytes per token, endpoints
-            "waiting_reason": "; ".join(c.message for c in self.waiting_for) if self.state is S.WAITING else None,
+            "waiting_reason": self.waiting_reason(),
             "stop_timeout_s": entry.stop_timeout_s,
             "start": getattr(entry, "start", "always"),
             # a distributed entry: the group's state and each rank's pid and host (READY's ranks)

@@ -191,6 +191,12 @@ class Fleet:
                 raise Unavailable(
                     f"server '{name}' failed and is stopped (fatal): {server.get('fatal_reason')}", state=state
                 )
+            if state == "waiting":  # a condition of the world (port taken, model not there): say it now
+                raise Unavailable(
+                    f"server '{name}' is waiting: {server.get('waiting_reason')}; retry later",
+                    retry_after_s=5,
+                    state=state,
+                )
             if state == "stopped" and not self.start_pending(name):
                 if server.get("start") != "on_demand":
                     raise Unavailable(f"server '{name}' is stopped", retry_after_s=5, state=state)
