@@ -131,6 +131,39 @@ def test_child_output_is_drained_and_reported_before_its_exit() -> None:
     assert describe_exit(-signal.SIGKILL) == {"code": None, "signal": "SIGKILL"}
 
 
+def test_a_held_child_hands_over_no_line_until_released(tmp_path: Path) -> None:
+    """The daemon logs a start's event (with the pid) before the worker's first line, however fast it prints."""
+    lines: queue.SimpleQueue[str] = queue.SimpleQueue()
+    printed, go = tmp_path / "printed", tmp_path / "go"
+    code = textwrap.dedent(
+        f"""
+        import os, time
+        print("first", flush=True)
+        open({str(printed)!r}, "w").close()
+        while not os.path.exists({str(go)!r}):
+            time.sleep(0.01)
+        print("second", flush=True)
+        """
+    )
+    child = Child(
+        [sys.executable, "-c", code],
+        dict(os.environ),
+        None,
+        lambda pid, stream, line: lines.put(line),
+        print,
+        held=True,
+    )
+    try:
+        wait_until(printed.exists, timeout=60)  # "first" is in the pipe
+        assert lines.empty() and child.last_lines()["stdout"] == []
+        child.release_output()
+        assert lines.get(timeout=60) == "first"
+    finally:
+        go.touch()
+    assert lines.get(timeout=60) == "second"
+    child.join(60)
+
+
 def test_worker_exits_when_the_lifeline_closes(tmp_path: Path) -> None:
     """Closing the daemon's end of the pipe (what the kernel does when it dies) ends the worker."""
     lifeline = Lifeline()

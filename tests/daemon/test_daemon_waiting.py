@@ -42,6 +42,9 @@ class FakeChild:
     def signal_group(self, signum: int) -> bool:
         return True
 
+    def release_output(self) -> None:
+        pass  # no output to hold
+
     def last_lines(self) -> dict[str, list[str]]:
         return {"stdout": [], "stderr": []}
 

@@ -51,6 +51,9 @@ class FakeChild:
         self.signals.append(signum)
         return self.returncode is None
 
+    def release_output(self) -> None:
+        pass  # no output to hold
+
     def last_lines(self) -> dict[str, list[str]]:
         return {"stdout": [], "stderr": [f"worker {self.pid} said goodbye"]}
 

@@ -55,6 +55,7 @@ class Child:
         on_exit: ExitHandler,
         cwd: Path | None = None,
         scrub: Callable[[str], str] | None = None,
+        held: bool = False,
     ) -> None:
         pass_fds = (lifeline.read_fd,) if lifeline is not None else ()
         self.argv = list(argv)
@@ -62,6 +63,11 @@ class Child:
         self.tails: dict[str, deque[str]] = {"stdout": deque(maxlen=TAIL_LINES), "stderr": deque(maxlen=TAIL_LINES)}
         self._on_line = on_line
         self._scrub = scrub  # e.g. removes secret values before a line is kept or logged
+        # held: no line is handled until release_output(), so the daemon's event for this start
+        # (which names the pid) is logged before anything the worker printed.
+        self._released = threading.Event()
+        if not held:
+            self._released.set()
         self._proc = subprocess.Popen(
             self.argv,
             env=dict(env),
@@ -83,7 +89,11 @@ class Child:
         ]
         self._waiter = _thread(f"wait-{self.pid}", self._wait, on_exit)
 
+    def release_output(self) -> None:
+        self._released.set()
+
     def _drain(self, stream: str, pipe: IO[bytes]) -> None:
+        self._released.wait()  # set right after spawn by the daemon's thread (the pipe buffers meanwhile)
         with pipe:
             for raw in pipe:
                 line = raw.decode("utf-8", "replace").rstrip("\r\n")

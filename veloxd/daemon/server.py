@@ -41,7 +41,10 @@ UNFIXABLE_EXIT = protocol.ExitCode.INVALID  # the worker's "invalid input", the 
 
 
 class Spawner(Protocol):
-    """Starts workers and health probes whose reports reach the loop as messages."""
+    """Starts workers and health probes whose reports reach the loop as messages.
+
+    A spawned Child is held: its lines reach the log once release_output() is called, after the
+    state event that names its pid, so a tailed log never shows a worker's output first."""
 
     def spawn(self, name: str, spawn_id: int, entry: Any) -> Child: ...
 
@@ -132,6 +135,7 @@ class ServerProcess:
         self._awaiting_exit = True
         self.download = DownloadPhase(now)
         self._become(S.DOWNLOADING, model=model, argv=self.child.argv)
+        self.child.release_output()  # its lines are logged after the event that names it
 
     def _start_worker(self, now: float) -> None:
         """-> STARTING: check the world, spawn the worker (or WAITING, or FATAL)."""
@@ -155,6 +159,7 @@ class ServerProcess:
         self._ready_deadline = now + entry.ready_timeout_s
         self._become(S.STARTING, ready_timeout_s=entry.ready_timeout_s, **where)
         self._log.debug("server_command", pid=self.child.pid, argv=self.child.argv)  # once, for debugging
+        self.child.release_output()  # its lines are logged after the event that names it
 
     def recheck_soon(self, now: float) -> None:
         """A watch saw something that may clear this WAITING entry's condition: look at the next tick."""

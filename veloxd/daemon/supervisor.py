@@ -80,7 +80,7 @@ class WorkerSpawner:
             inbox.put(m.ChildExited(name, spawn_id, returncode))
 
         env = worker_env({**entry.env, **worker_hub_env(entry.model), **self._env})
-        return Child(self.argv(entry), env, self._lifeline, on_line, on_exit, scrub=_scrubber(entry, env))
+        return Child(self.argv(entry), env, self._lifeline, on_line, on_exit, scrub=_scrubber(entry, env), held=True)
 
     def spawn_download(self, name: str, spawn_id: int, entry: Any) -> Child:
         """The entry's download step: its progress lines become messages, its other lines are logged."""
@@ -97,7 +97,7 @@ class WorkerSpawner:
             inbox.put(m.ChildExited(name, spawn_id, returncode))
 
         argv = download_command(entry.model, self._lifeline.read_fd)
-        return Child(argv, worker_env(entry.env), self._lifeline, on_line, on_exit)
+        return Child(argv, worker_env(entry.env), self._lifeline, on_line, on_exit, held=True)
 
     def probe_health(self, name: str, spawn_id: int, host: str, port: int, deadline: float) -> threading.Event:
         cancel = threading.Event()
