@@ -128,7 +128,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--checkpoint-every", type=int, default=40, help="steps between checkpoints")
     p.add_argument("--resume", action="store_true", help=f"continue from {CHECKPOINT}")
     p.add_argument("--measure", type=int, default=0, help="time this many steps per phase and exit")
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    if not 1 <= args.lookback <= args.heads:  # before the corpus is read: one layer-0 head per token back
+        p.error(f"--lookback {args.lookback}: expected 1 to {args.heads} (--heads: one layer-0 head each)")
+    return args
 
 
 def config_for(args: argparse.Namespace) -> dict:
@@ -151,10 +154,6 @@ def make_trainer(args: argparse.Namespace, config: dict) -> Trainer:
         return Trainer(args, config)
     if config["num_hidden_layers"] < 2 or config["num_attention_heads"] < 2:
         raise SystemExit("--guide needs at least 2 layers and 2 attention heads (attention_guide.guided_heads)")
-    if not 1 <= args.lookback <= config["num_attention_heads"]:
-        raise SystemExit(
-            f"--lookback {args.lookback}: expected 1 to {config['num_attention_heads']} (one layer-0 head each)"
-        )
     heads = guided_heads(args.lookback)
     return Trainer(args, config, functools.partial(guided_loss, guide_weight=args.guide, heads=heads))
 
