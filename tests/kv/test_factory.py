@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import pytest
+import mlx.core as mx
+from mlx_lm.models import cache as mlx_cache
+from mlx_lm.models import llama
 
-mx = pytest.importorskip("mlx.core")
-from mlx_lm.models import cache as mlx_cache  # noqa: E402
-from mlx_lm.models import llama  # noqa: E402
-
-from veloxd.kv import KVCacheConfig, make_caches  # noqa: E402
-from veloxd.kv.base import VeloxCache  # noqa: E402
+from veloxd.kv import KVCacheConfig, make_caches
+from veloxd.kv.base import VeloxCache
 
 
 def tiny_llama(layer_types: list[str] | None = None) -> llama.Model:

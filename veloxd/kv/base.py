@@ -37,6 +37,7 @@ from mlx_lm.models import cache as mlx_cache
 
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.ops.blockwise import DEFAULT_BLOCK
+from veloxd.serve.mlx_compat import BaseCache
 
 
 @dataclass(frozen=True)
@@ -56,7 +57,7 @@ class Stored:
         self.cache = cache
 
 
-class VeloxCache(mlx_cache._BaseCache):
+class VeloxCache(BaseCache):
     """Base class: bookkeeping shared by all methods. Subclasses store and attend."""
 
     block = DEFAULT_BLOCK  # keys per attention block: bounds one call's transient memory

@@ -53,10 +53,10 @@ def check(config: dict[str, Any], kv: KVCacheConfig) -> None:
 
 
 def _model_module(config: dict[str, Any]) -> Any:
-    from mlx_lm.utils import _get_classes  # resolves model_type remapping exactly as load() does
+    from veloxd.serve.mlx_compat import model_classes
 
     try:
-        model_class, _ = _get_classes(config)
+        model_class, _ = model_classes(config)
     except ValueError as err:  # mlx_lm does not know this architecture at all
         raise ValueError(f"unsupported architecture: {err}") from None
     return sys.modules.get(model_class.__module__)

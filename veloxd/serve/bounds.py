@@ -1,6 +1,6 @@
 """Per-request bounds that need no mlx: body size and time, and noticing a client that left.
 
-The HTTP handler (veloxd/serve/adapter.py) calls these; they speak only sockets and files.
+The HTTP handler (veloxd/serve/mlx_compat.py) calls these; they speak only sockets and files.
 """
 
 from __future__ import annotations

@@ -27,15 +27,16 @@ from veloxd import protocol
 from veloxd.distributed.checks import PIPELINE_NEEDS_FP16
 from veloxd.kv.footprint import summary
 from veloxd.serve import preflight
-from veloxd.serve.adapter import (
-    PinnedProvider,
-    check_version,
-    model_names,
-    start_generator,
-)
 from veloxd.serve.doorbell import Doorbell, connect_group
 from veloxd.serve.lifeline import Stopper, watch_lifeline
 from veloxd.serve.limits import EffectiveLimits
+from veloxd.serve.mlx_compat import (
+    PinnedProvider,
+    check_version,
+    model_classes,
+    model_names,
+    start_generator,
+)
 from veloxd.serve.options import ServeOptions
 from veloxd.serve.wiring import Wiring, wire_caches
 from veloxd.serve.worker import bind_server, mlx_server_args, ready_payload, stop_on_wiring_failure, watch_generation
@@ -49,9 +50,8 @@ def precheck_sharding(options: ServeOptions) -> str | None:
     if not config_file.is_file():
         return None  # a Hugging Face id: sharded_load itself says so
     from mlx_lm.models.pipeline import PipelineMixin
-    from mlx_lm.utils import _get_classes
 
-    model_class, _ = _get_classes(json.loads(config_file.read_text()))
+    model_class, _ = model_classes(json.loads(config_file.read_text()))
     module = sys.modules[model_class.__module__]
     if options.distributed == "tensor" and not hasattr(model_class, "shard"):
         return f"model type of {options.model} has no tensor-parallel sharding in mlx_lm; use parallelism: pipeline"

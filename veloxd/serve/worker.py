@@ -23,9 +23,17 @@ from typing import Any
 from veloxd import protocol
 from veloxd.protocol import ExitCode
 from veloxd.serve import preflight
-from veloxd.serve.adapter import PinnedProvider, ServerHandle, check_version, handler_class, model_names, server_args
 from veloxd.serve.lifeline import Stopper
 from veloxd.serve.limits import EffectiveLimits
+from veloxd.serve.mlx_compat import (
+    PinnedProvider,
+    ServerHandle,
+    check_version,
+    generation_thread,
+    handler_class,
+    model_names,
+    server_args,
+)
 from veloxd.serve.options import ServeOptions
 from veloxd.serve.wiring import wire_caches
 
@@ -94,7 +102,7 @@ def ready_payload(
 
 def watch_generation(generator: Any, stopper: Stopper) -> None:
     """A dead generation thread behind a live port hangs every request: exit instead."""
-    generator._generation_thread.join()
+    generation_thread(generator).join()
     stopper.stop(ExitCode.FAILED, "mlx_lm's generation thread stopped (see the error above); exiting")
 
 

@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import math
 
+import mlx.core as mx
 import pytest
 
-mx = pytest.importorskip("mlx.core")
-
-from tests.kv import contract as kc  # noqa: E402
-from veloxd.kv.base import VeloxCache  # noqa: E402
-from veloxd.kv.config import KVCacheConfig  # noqa: E402
-from veloxd.kv.quant.qjl import SignSketch  # noqa: E402
+from tests.kv import contract as kc
+from veloxd.kv.base import VeloxCache
+from veloxd.kv.config import KVCacheConfig
+from veloxd.kv.quant.qjl import SignSketch
 
 
 def test_estimator_is_unbiased_with_the_papers_variance():

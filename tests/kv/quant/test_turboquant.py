@@ -4,18 +4,17 @@ from __future__ import annotations
 
 import math
 
+import mlx.core as mx
 import numpy as np
 import pytest
 
-mx = pytest.importorskip("mlx.core")
-
-from tests.kv import contract as kc  # noqa: E402
-from veloxd.kv.base import LayerSpec, VeloxCache  # noqa: E402
-from veloxd.kv.config import KVCacheConfig  # noqa: E402
-from veloxd.kv.ops import bitpack, codebooks  # noqa: E402
-from veloxd.kv.ops.hadamard import Rotation  # noqa: E402
-from veloxd.kv.ops.levels import LevelCodes, chunks  # noqa: E402
-from veloxd.kv.quant.turboquant import RotatedQuantizer, TurboQuantMSECodec, TurboQuantProdCodec  # noqa: E402
+from tests.kv import contract as kc
+from veloxd.kv.base import LayerSpec, VeloxCache
+from veloxd.kv.config import KVCacheConfig
+from veloxd.kv.ops import bitpack, codebooks
+from veloxd.kv.ops.hadamard import Rotation
+from veloxd.kv.ops.levels import LevelCodes, chunks
+from veloxd.kv.quant.turboquant import RotatedQuantizer, TurboQuantMSECodec, TurboQuantProdCodec
 
 # Distortion per unit vector of the Lloyd-Max quantizer (TurboQuant paper, large-d limit).
 PAPER_DISTORTION = {1: 0.36, 2: 0.117, 3: 0.0345, 4: 0.0095}

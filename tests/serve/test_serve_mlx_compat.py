@@ -1,4 +1,4 @@
-"""Contract tests for veloxd/serve/adapter.py: the mlx_lm.server internals it relies on.
+"""Contract tests for veloxd/serve/mlx_compat.py: the mlx_lm.server internals it relies on.
 
 An mlx_lm upgrade that moves any of these breaks here, loudly, in one place.
 """
@@ -8,12 +8,14 @@ from __future__ import annotations
 import argparse
 import inspect
 import re
+from pathlib import Path
 
 import pytest
+from mlx_lm import server as mlx_server
 
-mlx_server = pytest.importorskip("mlx_lm.server")
-
-from veloxd.serve import adapter  # noqa: E402
+import veloxd
+from tests.serve.private_names import private_mlx_lm_uses, scan_source
+from veloxd.serve import mlx_compat
 
 
 def upstream_parser() -> argparse.ArgumentParser:
@@ -39,18 +41,18 @@ def upstream_parser() -> argparse.ArgumentParser:
 
 
 def test_installed_mlx_lm_is_in_the_tested_range():
-    adapter.check_version()
+    mlx_compat.check_version()
 
 
 def test_upstream_defaults_match_mlx_lm_server_main():
     defaults = vars(upstream_parser().parse_args([]))
-    assert defaults == adapter.UPSTREAM_DEFAULTS
+    assert defaults == mlx_compat.UPSTREAM_DEFAULTS
 
 
 def test_every_cli_arg_mlx_lm_server_reads_is_provided():
     source = inspect.getsource(mlx_server)
     read = set(re.findall(r"cli_args\.([a-z_]+)", source))
-    missing = read - set(adapter.UPSTREAM_DEFAULTS)
+    missing = read - set(mlx_compat.UPSTREAM_DEFAULTS)
     assert not missing, f"mlx_lm.server now reads {missing}"
 
 
@@ -100,6 +102,46 @@ def test_request_hooks_used_for_limits():
 
 
 def test_server_args_keeps_upstream_defaults_and_applies_overrides():
-    args = adapter.server_args(model="m", max_tokens=7, temp=None)
+    args = mlx_compat.server_args(model="m", max_tokens=7, temp=None)
     assert args.model == "m" and args.max_tokens == 7 and args.temp == 0.0
     assert args.kv_bits is None  # mlx_lm's own KV quantization stays off: veloxd owns the cache
+
+
+def test_private_names_the_compat_module_uses_exist():
+    """Each private mlx_lm name veloxd relies on, pinned by a plain import or attribute read."""
+    from mlx_lm.models.cache import _BaseCache
+    from mlx_lm.utils import _get_classes
+
+    assert mlx_compat.BaseCache is _BaseCache
+    assert callable(_get_classes)
+    generator = mlx_server.ResponseGenerator
+    for method in ("_next_request", "_share_request", "_tokenize", "_await_response", "_serve_single", "_generate"):
+        assert callable(getattr(generator, method)), method
+    source = inspect.getsource(generator)
+    for attribute in ("self._is_distributed", "self._rank", "self._stop", "self._generation_thread"):
+        assert attribute in source, attribute
+    assert list(inspect.signature(generator._next_request).parameters) == ["self", "timeout"]
+    assert list(inspect.signature(generator._share_request).parameters) == ["self", "request"]
+
+
+def test_model_classes_resolves_remapped_model_types():
+    from mlx_lm.models import llama, mistral3
+
+    assert mlx_compat.model_classes({"model_type": "llama"})[0] is llama.Model
+    assert mlx_compat.model_classes({"model_type": "mistral3"})[0] is mistral3.Model
+    with pytest.raises(ValueError):
+        mlx_compat.model_classes({"model_type": "no-such-architecture"})
+
+
+def test_no_other_module_names_a_private_mlx_lm_attribute():
+    """The one door: private mlx_lm names appear only in veloxd/serve/mlx_compat.py."""
+    offenders = private_mlx_lm_uses(Path(veloxd.__file__).parent, exclude={"serve/mlx_compat.py"})
+    assert offenders == []
+
+
+def test_the_private_name_scan_finds_a_use():
+    """The scan above would see an offender (it can fail)."""
+    source = (
+        "from mlx_lm.utils import _get_classes\nimport mlx_lm.models.cache as c\nc._BaseCache\nx._generation_thread\n"
+    )
+    assert [name for _, name in scan_source(source)] == ["_get_classes", "_BaseCache", "_generation_thread"]

@@ -1,4 +1,8 @@
-"""The one module that touches mlx_lm.server internals (tested range: mlx-lm 0.32.x).
+"""The one door to mlx_lm's internals (tested range: mlx-lm 0.32.x).
+
+No other veloxd module names a private mlx_lm attribute (tests/serve/test_serve_mlx_compat.py
+checks the package for it and pins every name used here): the cache base class, the
+architecture lookup, the generation thread, and mlx_lm.server's hooks below.
 
 It builds the argument namespace mlx_lm's server reads, hooks `ModelProvider._load` (the model
 loads on mlx_lm's generation thread, where its arrays must live), subclasses `APIHandler`
@@ -6,7 +10,7 @@ loads on mlx_lm's generation thread, where its arrays must live), subclasses `AP
 GET /veloxd/stats, request limits),
 subclasses `ResponseGenerator` (a request whose client left, or a shutdown, stops generating),
 and runs the HTTP server with that handler (mlx_lm's own `run()` ignores `handler_class`).
-An mlx_lm upgrade that changes any of this breaks here and in tests/serve/test_serve_adapter.py.
+An mlx_lm upgrade that changes any of this breaks here and in tests/serve/test_serve_mlx_compat.py.
 """
 
 from __future__ import annotations
@@ -28,12 +32,29 @@ from typing import Any, cast
 
 import mlx_lm
 from mlx_lm import server as mlx_server
+from mlx_lm.models.cache import _BaseCache
 
 from veloxd.serve.bounds import BodyRefused, ClientGone, PromptTooLong, RequestCancelled, RequestWatch, read_body
 from veloxd.serve.limits import RequestLimits, context_length
 from veloxd.serve.stats import STATS_PATH, RequestStats, RequestTimer
 
 TESTED_RANGE = ((0, 32, 2), (0, 33, 0))
+
+# mlx_lm's cache base class: its defaults (is_trimmable, state, meta_state) are the cache protocol.
+BaseCache = _BaseCache
+
+
+def model_classes(config: dict[str, Any]) -> tuple[type, type]:
+    """(Model, ModelArgs) for a config.json, with model_type remapping exactly as mlx_lm's load()."""
+    from mlx_lm.utils import _get_classes
+
+    return cast(tuple[type, type], _get_classes(config))
+
+
+def generation_thread(generator: mlx_server.ResponseGenerator) -> threading.Thread:
+    """The thread that runs every generation (and, through PinnedProvider, the model load)."""
+    return generator._generation_thread
+
 
 # mlx_lm 0.32.2 `server.main()` defaults (a contract test compares them with upstream's parser).
 UPSTREAM_DEFAULTS: dict[str, Any] = {
@@ -455,7 +476,7 @@ class ServerHandle:
         """
         self.generator.cancel_all("shutdown")
         self.generator._stop = True  # upstream's stop flag; stop_and_join would wait unbounded
-        self.generator._generation_thread.join(join_timeout)
+        generation_thread(self.generator).join(join_timeout)
         self.httpd.server_close()
 
 
