@@ -25,6 +25,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from testkit.ports import free_port
+from testkit.process import cpu_seconds
+
 REPO = Path(__file__).resolve().parent.parent
 RESTART = {"max_failures": 1000, "window_s": 60, "backoff_initial_s": 0.2, "backoff_max_s": 1.0}
 
@@ -33,27 +36,6 @@ def config_text(model: Path, ports: tuple[int, int], bits: int) -> str:
     keep = {"model": str(model), "port": ports[0], "method": "affine", "bits": 4, "restart": RESTART}
     edited = {"model": str(model), "port": ports[1], "method": "affine", "bits": bits, "restart": RESTART}
     return f"version: 1\nservers:\n  keep: {json.dumps(keep)}\n  edited: {json.dumps(edited)}\n"
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def cpu_seconds(pid: int) -> float:
-    stat = Path(f"/proc/{pid}/stat")
-    if stat.exists():
-        fields = stat.read_text().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
-    out = subprocess.run(["ps", "-o", "time=", "-p", str(pid)], capture_output=True, text=True).stdout.strip()
-    days, _, clock = out.rpartition("-")
-    seconds = 0.0
-    for part in clock.split(":"):
-        seconds = seconds * 60 + float(part)
-    return seconds + (int(days) * 86400 if days else 0)
 
 
 def start_daemon(config: Path, log: Path, state: Path) -> subprocess.Popen:

@@ -24,7 +24,6 @@ import argparse
 import json
 import os
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,28 +33,18 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from testkit.ports import consecutive_ports, free_port
+from testkit.process import children, cpu_seconds
+
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "veloxd" / "assets" / "tiny-llama"
 METHOD = ["--method", "affine", "--bits", "4"]
 PROMPT = "The history of the house begins with"
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def ring_port() -> int:
     """A base port whose successor is free too (ring rank r listens on base + r)."""
-    while True:
-        base = free_port()
-        with socket.socket() as s:
-            try:
-                s.bind(("127.0.0.1", base + 1))
-                return base
-            except OSError:
-                continue
+    return consecutive_ports(2)
 
 
 def machine() -> str:
@@ -68,23 +57,6 @@ def machine() -> str:
     load = " ".join(f"{x:.2f}" for x in os.getloadavg())
     stamp = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     return f"{stamp}; {model}, {os.cpu_count()} cores (load {load}); MLX {version('mlx')} CPU, {blas}"
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def children(pid: int) -> list[int]:
-    out = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1]) == pid:
-                    out.append(int(entry.name))
-            except OSError:
-                continue
-    return sorted(out)
 
 
 class Arm:

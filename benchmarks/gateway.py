@@ -29,7 +29,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.daemon import REPO, cpu_seconds, free_port, start_daemon
+from benchmarks.daemon import REPO, start_daemon
+from testkit.ports import free_port
+from testkit.process import cpu_seconds
 
 MODEL = REPO / "veloxd" / "assets" / "tiny-llama"
 LOAD_S = 300

@@ -16,7 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.daemon import REPO, Daemon, free_port
+from benchmarks.daemon import REPO, Daemon
+from testkit.ports import free_port
 
 MODEL = REPO / "veloxd" / "assets" / "tiny-llama"
 

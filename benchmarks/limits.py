@@ -25,7 +25,8 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
-from benchmarks.daemon import cpu_seconds, free_port
+from testkit.ports import free_port
+from testkit.process import cpu_seconds
 
 REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "veloxd" / "assets" / "tiny-llama"

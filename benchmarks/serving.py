@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from typing import Any
 
 from benchmarks.model import model_path
 from benchmarks.provenance import provenance
+from testkit.ports import free_port
 
 RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = 'def parse_arguments(argv):\n    """Parse the command line and return the options."""\n'
@@ -34,12 +34,6 @@ ARMS = (
     ("veloxd affine-4", "affine", 4),
     ("veloxd kivi-4", "kivi", 4),
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def command(model: Path, method: str | None, bits: int | None, port: int) -> list[str]:

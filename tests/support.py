@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -15,9 +14,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import psutil
-
+from testkit.ports import free_port
+from testkit.process import cpu_seconds
 from veloxd.protocol import READY_PREFIX
+
+__all__ = ["cpu_seconds", "free_port"]  # re-exported: tests import them from here
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -32,18 +33,6 @@ def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {what}")
         time.sleep(interval)
-
-
-def cpu_seconds(pid: int) -> float:
-    """User + system CPU time process `pid` has used so far."""
-    times = psutil.Process(pid).cpu_times()
-    return times.user + times.system
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def veloxd_cmd(*args: str) -> list[str]:
