@@ -1,4 +1,4 @@
-"""Issue 13's faults, each reproduced against the real daemon and real `veloxd serve` workers on the
+"""Faults of the world and of the daemon, each reproduced against the real daemon and real `veloxd serve` workers on the
 shipped model: a missing model waits alone, logs survive rotation, state-write errors are survived,
 model directories are followed by path, alias bombs by size, and the smaller ones.
 
@@ -86,7 +86,7 @@ def save(daemon: DaemonHarness) -> None:
 
 
 def test_1_missing_model_waits_alone_and_starts_when_its_directory_appears(start_daemon: Any, models: Path) -> None:
-    """Fault 1: one entry's missing model directory no longer invalidates the file. That entry WAITS
+    """One entry's missing model directory no longer invalidates the file. That entry WAITS
     (visible in status, exit code 3); the others run; edits to others apply; reload does not repeat
     a cached rejection; once the directory is moved into place the entry comes up by itself."""
     late = models / "late"
@@ -119,7 +119,7 @@ def test_1_missing_model_waits_alone_and_starts_when_its_directory_appears(start
 
 
 def test_5_fatal_entry_is_revived_when_its_model_directory_is_replaced(start_daemon: Any, models: Path) -> None:
-    """Fault 5: the model watch follows the path (its parent is watched). A FATAL entry whose
+    """The model watch follows the path (its parent is watched). A FATAL entry whose
     directory is replaced by a rename (a new revision moved into place) is started again, and
     writing into the moved-away old directory restarts nothing (it used to)."""
     broken = copy_model(models / "broken", broken_weights=True)  # loads fail: exit 3, twice: FATAL
@@ -146,7 +146,7 @@ def test_5_fatal_entry_is_revived_when_its_model_directory_is_replaced(start_dae
 
 
 def test_7_fatal_reason_is_the_workers_own_error_line(start_daemon: Any, models: Path) -> None:
-    """Fault 7: `server_fatal` and `status` carry what the worker said, not only 'exit 2'."""
+    """`server_fatal` and `status` carry what the worker said, not only 'exit 2'."""
     alien = copy_model(models / "alien", model_type="no_such_architecture")
     daemon = start_daemon(alien={**real(free_port(), alien), "method": "affine", "bits": 4})
     daemon.wait_states({"alien": "fatal"}, timeout=LOAD_S)
@@ -159,7 +159,7 @@ def test_7_fatal_reason_is_the_workers_own_error_line(start_daemon: Any, models:
 
 
 def test_2_moved_or_deleted_log_is_reopened_and_logs_says_which_file(start_daemon: Any) -> None:
-    """Fault 2: after the log is moved (logrotate) the daemon writes to a new file at the path;
+    """After the log is moved (logrotate) the daemon writes to a new file at the path;
     after it is deleted, SIGHUP recreates it; `veloxd logs` reads the new file, and says so clearly
     when the path has no file instead of printing nothing with exit 0."""
     daemon = start_daemon(alpha=real(free_port(), SHIPPED))
@@ -185,7 +185,7 @@ def test_2_moved_or_deleted_log_is_reopened_and_logs_says_which_file(start_daemo
 
 
 def test_3_state_write_failure_is_logged_retried_and_stops_no_server(start_daemon: Any) -> None:
-    """Fault 3: the state directory becomes unusable (here: replaced by a file, which fails for root
+    """The state directory becomes unusable (here: replaced by a file, which fails for root
     too); the next state write fails, `state_write_failed` is logged, the daemon and its servers go
     on; once the directory is back, the next change is written and `state_write_recovered` logged."""
     daemon = start_daemon(alpha=real(free_port(), SHIPPED))
@@ -218,7 +218,7 @@ def test_3_state_write_failure_is_logged_retried_and_stops_no_server(start_daemo
 
 
 def test_6_alias_bomb_by_size_is_refused_and_the_daemon_keeps_serving(start_daemon: Any) -> None:
-    """Fault 6: a file under 1 MiB whose anchors point at a 900 KB string used a thousand times is
+    """A file under 1 MiB whose anchors point at a 900 KB string used a thousand times is
     refused with a located error (it used to take gigabytes); every server keeps running."""
     daemon = start_daemon(alpha=real(free_port(), SHIPPED))
     before = daemon.wait_states({"alpha": "ready"}, timeout=LOAD_S)
@@ -237,7 +237,7 @@ def test_6_alias_bomb_by_size_is_refused_and_the_daemon_keeps_serving(start_daem
 
 
 def test_7_secrets_redacted_auth_scheme_status_codes_closed_pipe(start_daemon: Any) -> None:
-    """Fault 7: the entry's HF_TOKEN and the api_key_env value appear nowhere in the state file,
+    """The entry's HF_TOKEN and the api_key_env value appear nowhere in the state file,
     `status --json` or the log; `Authorization: bearer ...` (lowercase scheme, RFC 7235) is accepted;
     `status` exits 0 with every server ready; `veloxd status | true` (reader gone before we write)
     ends without a traceback."""

@@ -1,5 +1,5 @@
 """Start-up of the real daemon when its files are in the way, its socket location, the degraded
-start's wording, and a starting worker's lifeline (issue 13, faults 3 and 7)."""
+start's wording, and a starting worker's lifeline."""
 
 from __future__ import annotations
 
@@ -47,7 +47,7 @@ def test_state_dir_under_a_file_is_one_line_naming_it(tmp_path: Path) -> None:
 
 
 def test_something_at_the_socket_path_is_one_line_naming_it(tmp_path: Path) -> None:
-    """Fault 7: anything already at the socket's name used to stop the start with IsADirectoryError."""
+    """Anything already at the socket's name used to stop the start with IsADirectoryError."""
     h = DaemonHarness(tmp_path)
     h.write({})
     h.state_dir.mkdir(mode=0o700)
@@ -57,7 +57,7 @@ def test_something_at_the_socket_path_is_one_line_naming_it(tmp_path: Path) -> N
 
 
 def test_long_state_dir_gets_a_private_unpredictable_socket_directory(tmp_path: Path) -> None:
-    """Fault 7: a state dir too long for a unix socket used to fall back to a predictable name in the
+    """A state dir too long for a unix socket used to fall back to a predictable name in the
     temp dir that anyone could take first. Now: a fresh 0700 directory of ours, recorded in the state
     file, used by the CLI, removed when the daemon stops."""
     h = DaemonHarness(tmp_path)
@@ -80,7 +80,7 @@ def test_long_state_dir_gets_a_private_unpredictable_socket_directory(tmp_path: 
 
 
 def test_degraded_start_does_not_claim_a_last_good_config(tmp_path: Path) -> None:
-    """Fault 7: with no valid config ever, status says no server runs (not 'kept the last good
+    """With no valid config ever, status says no server runs (not 'kept the last good
     config'), `reload` says the same, and status exits 3 (running, not as configured)."""
     h = DaemonHarness(tmp_path)
     h.write("version: 1\nservers:\n  a: {port: 0}\n")
@@ -98,7 +98,7 @@ def test_degraded_start_does_not_claim_a_last_good_config(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_starting_worker_leaves_when_the_daemon_is_killed(tmp_path: Path) -> None:
-    """Fault 7: the worker watches the lifeline from its first moment (before importing MLX), so a
+    """The worker watches the lifeline from its first moment (before importing MLX), so a
     SIGKILLed daemon takes a still-starting worker with it."""
     h = DaemonHarness(tmp_path, real_worker=True)
     h.write({"slow": entry(free_port(), model=str(REPO / "veloxd" / "assets" / "tiny-llama"), ready_timeout_s=300)})
@@ -117,7 +117,7 @@ def test_starting_worker_leaves_when_the_daemon_is_killed(tmp_path: Path) -> Non
 
 
 def test_a_refusal_is_not_cached_a_chmod_alone_gets_the_file_accepted(tmp_path: Path) -> None:
-    """Fault 1 (verdicts that depend on the world): a file refused because others can write it is
+    """Verdicts that depend on the world: a file refused because others can write it is
     accepted once `chmod go-w` fixes it, with its bytes unchanged: the poll sees the mode change,
     and `veloxd reload` re-reads a refused file rather than repeating a verdict cached by hash."""
     h = DaemonHarness(tmp_path)

@@ -1,4 +1,4 @@
-"""Bounded work per request, against a real `veloxd serve` on the shipped model (issue 13, fault 4).
+"""Bounded work per request, against a real `veloxd serve` on the shipped model.
 
 Each test reproduces one way a client could make the worker work (or wait) without bound: huge
 max_tokens, a prompt longer than the context, a client that leaves mid-generation (streamed or

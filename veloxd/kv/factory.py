@@ -2,7 +2,7 @@
 
 The model's own `make_cache` is looked up on its class, never on the instance: the worker
 replaces the instance attribute with a closure that calls this function, and reading the
-instance attribute here would recurse into it (the VeloxQuant #505/#506 trap).
+instance attribute here would recurse into it (an infinite recursion: make_cache -> make_caches -> make_cache).
 """
 
 from __future__ import annotations
