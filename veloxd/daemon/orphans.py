@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
-import time
 from typing import Any
+
+import psutil
 
 from veloxd.daemon.process import is_same_process
 
 MAX_GRACE_S = 10.0
+KILL_WAIT_S = 2.0  # after SIGKILL, until the process is gone and its port free
 
 
 def leftover_workers(previous_state: dict[str, Any] | None) -> list[dict[str, Any]]:
@@ -42,19 +44,26 @@ def end_orphans(previous_state: dict[str, Any] | None, log: Any) -> list[int]:
     if not orphans:
         return []
     grace = min(max(float(o.get("stop_timeout_s") or 0) for o in orphans), MAX_GRACE_S)
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(is_same_process(o["pid"], o["start_time"]) for o in orphans):
-        time.sleep(0.05)  # not our children: nothing to wait on but polling
+    _, alive = psutil.wait_procs(_processes(orphans), timeout=grace)
+    survivors = {process.pid for process in alive}
     for orphan in orphans:
-        killed = is_same_process(orphan["pid"], orphan["start_time"])
+        killed = orphan["pid"] in survivors
         if killed:
             _signal(orphan, signal.SIGKILL)
         log.warning("orphan_stopped", server=orphan["server"], pid=orphan["pid"], killed=killed)
     # A SIGKILLed process lingers for a moment; its port is only free once it is gone.
-    deadline = time.monotonic() + 2.0
-    while time.monotonic() < deadline and any(is_same_process(o["pid"], o["start_time"]) for o in orphans):
-        time.sleep(0.05)
+    psutil.wait_procs(_processes(orphans), timeout=KILL_WAIT_S)
     return [o["pid"] for o in orphans]
+
+
+def _processes(orphans: list[dict[str, Any]]) -> list[psutil.Process]:
+    """The orphans that are still the recorded processes (not yet gone, no reused pid)."""
+    found = []
+    for orphan in orphans:
+        if is_same_process(orphan["pid"], orphan["start_time"]):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                found.append(psutil.Process(orphan["pid"]))
+    return found
 
 
 def _signal(orphan: dict[str, Any], signum: int) -> None:

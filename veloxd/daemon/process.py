@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
+import psutil
+
 from veloxd import protocol
 
 TAIL_LINES = 20
@@ -156,33 +158,17 @@ def describe_exit(returncode: int) -> dict[str, object]:
 
 
 def process_start_time(pid: int) -> str | None:
-    """An identifier of when process `pid` started, or None if it does not exist.
+    """When process `pid` started (psutil's create time, as text), or None if it is gone or a zombie.
 
-    Together with the pid it identifies a process across pid reuse. Linux: the start tick
-    from /proc; elsewhere (macOS): `ps -o lstart=` in UTC and the C locale.
+    Together with the pid it identifies a process across pid reuse.
     """
-    stat = Path(f"/proc/{pid}/stat")
-    if Path("/proc/self/stat").exists():
-        try:
-            text = stat.read_text()
-        except (FileNotFoundError, ProcessLookupError, PermissionError):
-            return None
-        fields = text.rsplit(")", 1)[1].split()
-        if fields[0] == "Z":
-            return None  # a zombie is dead; only its parent has not collected it yet
-        return f"proc:{fields[19]}"  # field 22 of stat(5): starttime in clock ticks after boot
     try:
-        out = subprocess.run(
-            ["ps", "-o", "lstart=", "-p", str(pid)],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            env={"LC_ALL": "C", "TZ": "UTC", "PATH": os.environ.get("PATH", "/bin:/usr/bin")},
-        )
-    except (OSError, subprocess.TimeoutExpired):
+        process = psutil.Process(pid)
+        if process.status() == psutil.STATUS_ZOMBIE:
+            return None  # a zombie is dead; only its parent has not collected it yet
+        return f"{process.create_time():.2f}"
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-    started = out.stdout.strip()
-    return f"ps:{started}" if out.returncode == 0 and started else None
 
 
 def is_same_process(pid: int, start_time: str | None) -> bool:
