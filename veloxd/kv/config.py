@@ -12,26 +12,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from veloxd.checks import did_you_mean
-from veloxd.kv import registry
+from veloxd.kv import config_rules, registry
+from veloxd.kv.config_rules import TURBOQUANT, KVConfigError
 
 # Settings with their own key in a veloxd.yaml entry (and their own `veloxd serve` flag); every
 # other setting of a method goes in its `overrides` mapping (or `--set FIELD=VALUE`).
 OWN_KEYS = ("bits", "seed")
-TURBOQUANT = ("turboquant_mse", "turboquant_prod")
 SEEDED = (*registry.with_hybrids("affine"), "turboquant_mse", "turboquant_prod", "qjl")
 # The per-token codecs whose queries meet exact keys (QJL's queries are sketch projections: none).
 WINDOWED = ("affine", "turboquant_mse", "turboquant_prod")
 # Settings of several methods that mean the same for each: in `overrides`, with no method prefix.
 SHARED = ("recent_window",)
-
-
-class KVConfigError(ValueError):
-    """An invalid KV-cache setting: `field` names it ("method", "bits", "seed" or an override)."""
-
-    def __init__(self, field: str, message: str) -> None:
-        super().__init__(message)
-        self.field = field
-        self.message = message
 
 
 def setting(
@@ -267,8 +258,6 @@ class KVCacheConfig:
     )
 
     def __post_init__(self) -> None:
-        from veloxd.kv import config_rules  # the rules read this module's fields
-
         try:
             info = registry.get(self.method)
         except ValueError as err:  # names the valid methods and a near miss
@@ -282,7 +271,7 @@ class KVCacheConfig:
                 "bits",
                 f"bits={self.bits} is not valid for method {self.method}; choose one of {list(info.bits_choices)}",
             )
-        config_rules.check_cross_fields(self)
+        config_rules.check_cross_fields(self.to_dict())
 
     @property
     def bit_width(self) -> int:

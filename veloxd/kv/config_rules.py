@@ -5,13 +5,22 @@ Every failure is a KVConfigError naming the field."""
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any
+from collections.abc import Mapping
+from types import SimpleNamespace
+from typing import Any
 
 from veloxd.kv import registry
-from veloxd.kv.config import TURBOQUANT, KVConfigError
 
-if TYPE_CHECKING:
-    from veloxd.kv.config import KVCacheConfig
+TURBOQUANT = ("turboquant_mse", "turboquant_prod")
+
+
+class KVConfigError(ValueError):
+    """An invalid KV-cache setting: `field` names it ("method", "bits", "seed" or an override)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
 
 
 def check_setting(f: dataclasses.Field, value: Any, method: str) -> None:
@@ -34,8 +43,11 @@ def check_setting(f: dataclasses.Field, value: Any, method: str) -> None:
         raise KVConfigError(f.name, f"{f.name}={value!r} for method {method}: must be <= {meta['maximum']}")
 
 
-def check_cross_fields(c: KVCacheConfig) -> None:
-    """Rules that involve two fields of the same method (or of a hybrid's policy)."""
+def check_cross_fields(settings: Mapping[str, Any]) -> None:
+    """Rules that involve two settings of a method (or of a hybrid's policy). `settings` is every
+    field by name (`KVCacheConfig.to_dict()`): this module never imports the config class, which
+    calls it on construction."""
+    c = SimpleNamespace(**settings)
     policy = registry.parts(c.method)[0]
     if c.method == "kivi" and c.kivi_residual_length % c.kivi_group_size:
         raise KVConfigError(
