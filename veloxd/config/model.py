@@ -10,9 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from veloxd.config.argv import serve_argv
+from veloxd.config.codec import entry_from_dict, entry_to_dict, flat_keys
 from veloxd.config.gateway import ASSIGNED_PORTS
 from veloxd.config.keys import API_KEY_ENV_SCHEMA, ENV_SCHEMA, HOST_SCHEMA, key, section
 from veloxd.config.sections import Dashboard, Distributed, Limits, PromptCache, RestartPolicy, Sampling
@@ -151,28 +152,20 @@ class ServerEntry:
 
     def process_key(self) -> dict[str, Any]:
         """Flat `{key: value}` of everything whose change needs a restart (JSON-serialisable)."""
-        from veloxd.config.roundtrip import flat_keys
-
         return flat_keys(self, live=False)
 
     def live_key(self) -> dict[str, Any]:
         """Flat `{key: value}` of what can change while the server runs."""
-        from veloxd.config.roundtrip import flat_keys
-
         return flat_keys(self, live=True)
 
     def to_dict(self) -> dict[str, Any]:
         """The entry as YAML-shaped plain data, defaults included; valid against the schema."""
-        from veloxd.config.roundtrip import entry_to_dict
-
         return entry_to_dict(self)
 
     @classmethod
     def from_dict(cls, name: str, data: Mapping[str, Any]) -> ServerEntry:
         """Build from YAML-shaped data (schema-valid); ValueError when the KV settings are invalid."""
-        from veloxd.config.roundtrip import entry_from_dict
-
-        return entry_from_dict(name, data, cls)
+        return cast(ServerEntry, entry_from_dict(name, data, cls))
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,118 @@
+"""Typed entries and sections <-> YAML-shaped plain data, and the flat keys a restart is judged by.
+
+Generic over the dataclasses that declare YAML fields (veloxd.config.keys): `ServerEntry` calls
+these for its own `to_dict`, `from_dict`, `process_key` and `live_key`, so this module never
+imports the config model (veloxd.config.roundtrip does the whole-file round trip on top).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from typing import Any
+
+from veloxd.config.keys import yaml_fields
+from veloxd.kv.config import OWN_KEYS, KVCacheConfig, fields_for
+
+
+def entry_to_dict(entry: Any) -> dict[str, Any]:
+    """The entry as YAML-shaped plain data, defaults included; valid against the schema."""
+    out: dict[str, Any] = {}
+    for f in yaml_fields(type(entry)):
+        value = getattr(entry, f.name)
+        if "kv" in f.metadata:
+            out.update(_kv_to_dict(value))
+        elif "section" in f.metadata:
+            out[f.name] = None if value is None else _section_to_dict(value)
+        else:
+            out[f.name] = _plain(value)
+    return out
+
+
+def entry_from_dict(name: str, data: Mapping[str, Any], cls: type) -> Any:
+    """Build from YAML-shaped data (schema-valid); ValueError when the KV settings are invalid."""
+    kwargs: dict[str, Any] = {"name": name}
+    for f in yaml_fields(cls):
+        if "kv" in f.metadata:
+            kwargs["kv"] = _kv_from_dict(data)
+        elif f.name in data and "section" in f.metadata:
+            given = data[f.name]
+            if given is None and f.metadata.get("optional"):
+                continue
+            kwargs[f.name] = section_from_dict(f.metadata["section"], given or {})
+        elif f.name in data:
+            kwargs[f.name] = _coerce(f, data[f.name])
+    return cls(**kwargs)
+
+
+def flat_keys(entry: Any, *, live: bool) -> dict[str, Any]:
+    """`{key: value}` of the entry's keys that are (`live`) or are not live, sections and mappings
+    flattened to dotted keys, KV settings under `overrides.` (JSON-serialisable)."""
+    out: dict[str, Any] = {}
+    for f in yaml_fields(type(entry)):
+        if f.metadata.get("live", False) != live:
+            continue
+        value = getattr(entry, f.name)
+        if "kv" in f.metadata:
+            for name, setting in value.to_dict().items():
+                out[name if name == "method" or name in OWN_KEYS else f"overrides.{name}"] = setting
+        elif "section" in f.metadata:
+            if value is None:
+                out[f.name] = None
+            else:
+                out.update({f"{f.name}.{k}": v for k, v in _section_to_dict(value).items()})
+        elif isinstance(value, Mapping):
+            out.update({f"{f.name}.{k}": value[k] for k in sorted(value)})
+        else:
+            out[f.name] = value
+    return out
+
+
+def section_from_dict(cls: type, data: Mapping[str, Any]) -> Any:
+    """A section from schema-valid data: the keys given, coerced; the others keep their defaults."""
+    return cls(**{f.name: _coerce(f, data[f.name]) for f in yaml_fields(cls) if f.name in data})
+
+
+def _kv_to_dict(kv: KVCacheConfig) -> dict[str, Any]:
+    out: dict[str, Any] = {"method": kv.method}
+    out.update({own: getattr(kv, own) for own in OWN_KEYS if own in fields_for(kv.method)})
+    out["overrides"] = kv.overrides()
+    return out
+
+
+def _kv_from_dict(data: Mapping[str, Any]) -> KVCacheConfig:
+    values: dict[str, Any] = {"method": data["method"]}
+    values.update(data.get("overrides") or {})
+    for own in OWN_KEYS:
+        if data.get(own) is not None:
+            values[own] = data[own]
+    for name, value in values.items():
+        if isinstance(value, float) and value.is_integer():
+            values[name] = int(value)  # JSON Schema's "integer" admits 32.0
+    return KVCacheConfig.from_dict(values)
+
+
+def _section_to_dict(value: Any) -> dict[str, Any]:
+    """A section as YAML-shaped data, key by key."""
+    return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
+
+
+def _coerce(f: dataclasses.Field, value: Any) -> Any:
+    """Normalise a schema-valid value to the field's Python type (32.0 -> 32 for integers, 1 -> 1.0 for numbers)."""
+    if f.metadata.get("convert"):
+        return f.metadata["convert"](value)
+    kind = f.metadata["schema"].get("type")
+    if value is None or isinstance(value, bool):
+        return value
+    if kind == "integer" and isinstance(value, float) and value.is_integer():
+        return int(value)
+    if kind == "number" and isinstance(value, int):
+        return float(value)
+    if isinstance(value, Mapping):
+        return dict(value)
+    return value
+
+
+def _plain(value: Any) -> Any:
+    """A key's value as YAML-shaped data: tuples as lists, mappings as dicts."""
+    return list(value) if isinstance(value, tuple) else dict(value) if isinstance(value, Mapping) else value
