@@ -17,10 +17,11 @@ import pytest
 
 from tests.support import free_port, wait_until
 from veloxd.daemon.logs import FIXED_KEYS
-from veloxd.daemon.probe import health_ok, port_holder, port_in_use
+from veloxd.daemon.probe import health_ok
 from veloxd.daemon.process import Child, Lifeline, describe_exit, is_same_process, process_start_time
 from veloxd.daemon.statefile import AlreadyRunning, acquire_lock, read_state, write_state
 from veloxd.daemon.views import read_lines
+from veloxd.endpoints import port_holder, port_in_use
 
 FAKE_WORKER = Path(__file__).resolve().parents[1] / "fixtures" / "fake_worker.py"
 

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from veloxd.endpoints import port_holder, port_in_use
+
 
 @dataclass(frozen=True)
 class Condition:
@@ -65,8 +67,6 @@ def env_problem(variable: str, entry_env: Mapping[str, str], environ: Mapping[st
 
 
 def port_problem(host: str, port: int) -> str | None:
-    from veloxd.daemon.probe import port_holder, port_in_use  # stdlib only; imported late to keep layers
-
     if not port_in_use(host, port):
         return None
     holder = port_holder(port)

@@ -17,6 +17,7 @@ from typing import Any
 
 from aiohttp import web
 
+from veloxd.endpoints import connect_host
 from veloxd.gateway import dashboard
 from veloxd.gateway.events import Accounting, RequestRecord
 from veloxd.gateway.fleet import Fleet, Unavailable
@@ -240,7 +241,7 @@ async def _forward_to(
     try:
         return await forward(
             request,
-            _host(server["host"]),
+            connect_host(server["host"]),
             server["port"],
             body,
             server.get("upstream_token"),
@@ -256,8 +257,3 @@ async def _forward_to(
                 502, f"the server for '{name}' closed the connection before answering ({err})", "upstream_failed"
             )
     return None
-
-
-def _host(host: str) -> str:
-    """Where to connect for a worker bound to `host` (a wildcard bind is reached on loopback)."""
-    return {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)

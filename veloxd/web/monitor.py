@@ -25,6 +25,7 @@ import psutil
 
 from veloxd.daemon.console import summary_text
 from veloxd.daemon.control import DaemonUnreachable, request_at, socket_path_of
+from veloxd.endpoints import connect_host
 from veloxd.serve.stats import STATS_PATH
 
 LOG_KEEP = 2000  # events kept for the log tail of a newly opened page
@@ -181,7 +182,7 @@ class Monitor:
     async def _worker_stats(self, snap: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any] | None:
         if snap.get("state") != "ready" or self._session is None:
             return None
-        host = {"0.0.0.0": "127.0.0.1", "::": "::1"}.get(snap.get("host", ""), snap.get("host", "127.0.0.1"))
+        host = connect_host(snap.get("host", "127.0.0.1"))
         shown = f"[{host}]" if ":" in host else host
         token = _bearer(entry)
         headers = {"Authorization": f"Bearer {token}"} if token else {}
