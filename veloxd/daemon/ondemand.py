@@ -8,9 +8,9 @@ Memory measurements from READY lines are remembered in `<state_dir>/measurements
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +18,7 @@ from veloxd.config.gateway import GATEWAY_NAME
 from veloxd.daemon import messages as m
 from veloxd.daemon.state import ServerState
 from veloxd.daemon.supervisor import Rollout, Supervisor
+from veloxd.files import write_json_atomic
 from veloxd.gateway.memory import Need, budget_for, entry_need, kv_record, measurement_key, memory_table
 
 MEASUREMENTS_FILE = "measurements.json"
@@ -72,7 +73,7 @@ class OnDemand:
             self.measurements["recommended_working_set_bytes"] = working_set
             changed = True
         if changed:
-            _write_json(self._path, self.measurements)
+            _save(self._path, self.measurements)
 
     def report_overcommit(self) -> None:
         """At startup and reload: say so when the servers that always run do not fit the budget."""
@@ -189,11 +190,6 @@ def _read_json(path: Path) -> dict[str, Any]:
     return data if isinstance(data, dict) else {}
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".measurements.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as out:
-            json.dump(data, out, indent=2, sort_keys=True)
-        os.replace(tmp, path)
-    except OSError:
-        Path(tmp).unlink(missing_ok=True)  # a lost measurement is measured again at the next READY
+def _save(path: Path, data: dict[str, Any]) -> None:
+    with contextlib.suppress(OSError):  # a lost measurement is measured again at the next READY
+        write_json_atomic(path, data)

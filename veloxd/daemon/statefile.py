@@ -13,6 +13,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
+from veloxd.files import write_json_atomic
+
 STATE_FILE = "state.json"
 LOCK_FILE = "daemon.lock"
 SCHEMA_VERSION = 1
@@ -56,16 +58,7 @@ def ensure_state_dir(state_dir: Path) -> Path:
 
 def write_state(state_dir: Path, data: dict[str, Any]) -> None:
     """Write `data` as JSON to `<state_dir>/state.json` atomically (tmp file + os.replace)."""
-    target = state_path(state_dir)
-    fd, tmp = tempfile.mkstemp(prefix=".state.", suffix=".tmp", dir=target.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as out:
-            json.dump(data, out, indent=2, sort_keys=False, default=str)
-            out.write("\n")
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_json_atomic(state_path(state_dir), data)
 
 
 def read_state(state_dir: Path) -> dict[str, Any] | None:

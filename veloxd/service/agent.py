@@ -8,8 +8,8 @@ import os
 import plistlib
 from pathlib import Path
 
+from veloxd.files import read_or_none, write_atomic
 from veloxd.service import launchctl
-from veloxd.service.files import read_or_none, write_atomic
 from veloxd.service.plist import plist_bytes
 from veloxd.service.runner import InstallFailed
 from veloxd.service.spec import STOP_MARGIN_S, AgentSpec

@@ -7,7 +7,7 @@ import re
 import shutil
 from pathlib import Path
 
-from veloxd.service.files import read_or_none, write_atomic
+from veloxd.files import read_or_none, write_atomic
 from veloxd.service.runner import COMMAND_TIMEOUT_S, CommandError, Result, run_tool
 from veloxd.service.spec import AgentSpec
 from veloxd.service.unit import render_unit, unit_name, unit_path

@@ -1,10 +1,15 @@
-"""Write and remove the service files atomically, so a crash never leaves half a plist or unit behind."""
+"""Atomic file writes (a temporary file, fsync, rename): a crash never leaves half a file behind.
+
+The one writer of the state file, the admission measurements and the service files.
+"""
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
@@ -20,6 +25,11 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def write_json_atomic(path: Path, data: Any, mode: int = 0o644) -> None:
+    """`data` as indented JSON (non-JSON values as their str) and a final newline."""
+    write_atomic(path, (json.dumps(data, indent=2, default=str) + "\n").encode(), mode)
 
 
 def read_or_none(path: Path) -> bytes | None:
