@@ -90,7 +90,7 @@ def rotated_affine_arm(bits: int) -> Arm:
 def quantizer_arms(quick: bool) -> list[Arm]:
     arms = []
     for info in registry.METHODS:
-        if info.family != "quantization" or not info.servable:
+        if info.family != "quantization":
             continue
         bits = info.bits_choices if not quick else (info.default_bits,)
         # `affine-<b>` stays the unrotated arm it always was; `affine-rot-<b>` is the (default) rotated one
@@ -118,7 +118,7 @@ def eviction_arms(context: int) -> list[Arm]:
         budgets.append(EVICTION_FIXED_BUDGET)
     arms = []
     for info in registry.METHODS:
-        if info.family != "eviction" or not info.servable:
+        if info.family != "eviction":
             continue
         for budget in budgets:
             label = f"{info.name}-{budget}"

@@ -49,7 +49,7 @@ def budget_arms(context: int, fractions: tuple[float, ...] = FRACTIONS) -> list[
     for fraction in fractions:
         budget = int(context * fraction)
         for info in registry.METHODS:
-            if info.family not in ("eviction", "hybrid") or not info.servable:
+            if info.family not in ("eviction", "hybrid"):
                 continue
             policy = info.parts[0] if info.family == "hybrid" else info.name
             settings = arm_defs.eviction_settings(policy, budget)

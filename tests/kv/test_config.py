@@ -97,7 +97,6 @@ def test_registry_fields_are_derived_from_config_metadata():
 def test_registry_flags_are_honest_values():
     for name in registry.names():
         info = registry.get(name)
-        assert info.servable
         assert info.storage in ("fp16", "packed", "evicted")
         assert info.trimmable in ("yes", "until_eviction", "no")
         assert info.paper

@@ -24,7 +24,7 @@ Fields = Sequence[dataclasses.Field]
 
 
 def build_schema(fields: Fields | None = None, methods: Sequence[MethodInfo] | None = None) -> dict[str, Any]:
-    """The whole schema; `fields`/`methods` default to KVCacheConfig's settings and the servable methods."""
+    """The whole schema; `fields`/`methods` default to KVCacheConfig's settings and every registered method."""
     fields = tuple(settings() if fields is None else fields)
     methods = tuple(registry.get(n) for n in registry.names()) if methods is None else tuple(methods)
     return {

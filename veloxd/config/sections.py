@@ -165,10 +165,6 @@ class Distributed:
         schema=ENV_SCHEMA,
     )
 
-    @property
-    def local_ranks_only(self) -> bool:
-        return self.hosts is not None and all(h == "127.0.0.1" for h in self.hosts)
-
 
 @dataclass(frozen=True)
 class Dashboard:

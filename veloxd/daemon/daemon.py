@@ -168,7 +168,7 @@ class Daemon:
             self._request_reload(now, msg.source, msg.reply)
         elif isinstance(msg, m.RestartRequested):
             self._restart(msg, now)
-        elif isinstance(msg, (m.GatewayViewRequested, m.StartRequested, m.UnloadRequested)):
+        elif isinstance(msg, (m.StartRequested, m.UnloadRequested)):
             self.ondemand.handle(msg, now)
 
     def _shutdown(self, signum: int, now: float) -> None:

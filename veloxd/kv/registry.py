@@ -36,7 +36,6 @@ class MethodInfo:
     bits_choices: tuple[int, ...] = ()
     default_bits: int | None = None
     deviations: str = ""
-    servable: bool = True
     parts: tuple[str, ...] = ()  # hybrid: (eviction policy, quantizer holding its retained tokens)
 
     @property
@@ -242,14 +241,14 @@ _BY_NAME = {m.name: m for m in METHODS}
 
 
 def names() -> tuple[str, ...]:
-    """Every servable method, in registry order."""
-    return tuple(m.name for m in METHODS if m.servable)
+    """Every method, in registry order (each one servable: there is no "crash tier")."""
+    return tuple(m.name for m in METHODS)
 
 
 def get(name: str) -> MethodInfo:
     """The method called `name`; ValueError naming the valid ones (and a near miss) otherwise."""
     info = _BY_NAME.get(name)
-    if info is None or not info.servable:
+    if info is None:
         raise ValueError(unknown_method(name))
     return info
 

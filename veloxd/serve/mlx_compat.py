@@ -462,9 +462,6 @@ class ServerHandle:
         fingerprint = mlx_server.get_system_fingerprint()
         return self._handler(self.generator, *args, system_fingerprint=fingerprint, **kwargs)
 
-    def generation_alive(self) -> bool:
-        return self.generator.is_healthy
-
     def serve_forever(self) -> None:
         self.httpd.serve_forever(poll_interval=0.2)
 
