@@ -173,7 +173,7 @@ def run_plan(args: argparse.Namespace) -> int:
     acted = dashboard if dashboard in ("start", "restart", "stop") else None
     print(plan.summary() + (f"; the dashboard to {acted}" if acted else ""))
     if result.config.gateway is not None:  # the memory budget is the gateway's
-        from veloxd.gateway.memory import offline_table, render_table
+        from veloxd.daemon.memory import offline_table, render_table
 
         print()
         print("\n".join(render_table(offline_table(result.config, state_dir))))
@@ -241,7 +241,7 @@ def _method_text(entry: Any) -> str:
 
 def _warn_memory(config: Any) -> None:
     """Servers that always run but do not fit the memory budget: a warning, not an error."""
-    from veloxd.gateway.memory import gib, offline_table
+    from veloxd.daemon.memory import gib, offline_table
 
     if config.gateway is None:  # the memory budget is the gateway's
         return

@@ -8,7 +8,6 @@ Memory measurements from READY lines are remembered in `<state_dir>/measurements
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 from pathlib import Path
@@ -16,12 +15,19 @@ from typing import Any
 
 from veloxd.config.gateway import GATEWAY_NAME
 from veloxd.daemon import messages as m
+from veloxd.daemon.memory import (
+    Need,
+    budget_for,
+    entry_need,
+    kv_record,
+    measurement_key,
+    memory_table,
+    read_measurements,
+    save_measurements,
+)
 from veloxd.daemon.state import ServerState
 from veloxd.daemon.supervisor import Rollout, Supervisor
-from veloxd.files import write_json_atomic
-from veloxd.gateway.memory import Need, budget_for, entry_need, kv_record, measurement_key, memory_table
 
-MEASUREMENTS_FILE = "measurements.json"
 S = ServerState
 
 
@@ -29,9 +35,9 @@ class OnDemand:
     def __init__(self, supervisor: Supervisor, state_dir: Path, log: Any) -> None:
         self.supervisor = supervisor
         self.config: Any = None
-        self._path = Path(state_dir) / MEASUREMENTS_FILE
+        self._state_dir = Path(state_dir)
         self._log = log
-        self.measurements: dict[str, Any] = _read_json(self._path)
+        self.measurements: dict[str, Any] = read_measurements(self._state_dir)
         self._needs: dict[tuple, Need] = {}
 
     # ---- memory ---------------------------------------------------------------------------
@@ -73,7 +79,7 @@ class OnDemand:
             self.measurements["recommended_working_set_bytes"] = working_set
             changed = True
         if changed:
-            _save(self._path, self.measurements)
+            save_measurements(self._state_dir, self.measurements)
 
     def report_overcommit(self) -> None:
         """At startup and reload: say so when the servers that always run do not fit the budget."""
@@ -180,16 +186,3 @@ def _token(entry: Any) -> str | None:
     if not entry.api_key_env:
         return None
     return entry.env.get(entry.api_key_env) or os.environ.get(entry.api_key_env)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _save(path: Path, data: dict[str, Any]) -> None:
-    with contextlib.suppress(OSError):  # a lost measurement is measured again at the next READY
-        write_json_atomic(path, data)

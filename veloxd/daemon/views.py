@@ -125,7 +125,7 @@ def render_status(state: dict[str, Any]) -> str:
         elif server.get("state") in ("starting", "backoff") and (server.get("last_exit") or {}).get("error"):
             lines.append(f"{name}: last exit: {server['last_exit']['error']}")
     if state.get("memory"):
-        from veloxd.gateway.memory import render_table
+        from veloxd.daemon.memory import render_table
 
         lines += ["", *render_table(state["memory"])]
     return "\n".join(lines)

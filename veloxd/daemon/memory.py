@@ -15,6 +15,7 @@ need = weights + KV bytes of one sequence at the context limit x concurrency, wh
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Callable, Mapping
@@ -22,6 +23,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from veloxd.daemon.statefile import read_state
+from veloxd.files import write_json_atomic
+
+MEASUREMENTS_FILE = "measurements.json"  # in the state directory, next to state.json
 BUDGET_FRACTION = 0.75  # of physical memory: the OS, the daemon and the gateway keep the rest
 DEFAULT_CONTEXT = 4096
 WEIGHT_SUFFIXES = (".safetensors", ".npz", ".gguf", ".bin")
@@ -201,17 +206,24 @@ def render_table(table: Mapping[str, Any]) -> list[str]:
     return lines
 
 
+def read_measurements(state_dir: Path) -> dict[str, Any]:
+    """What READY lines measured, remembered in the state directory ({} when none or unreadable)."""
+    try:
+        data = json.loads((Path(state_dir) / MEASUREMENTS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def save_measurements(state_dir: Path, measurements: Mapping[str, Any]) -> None:
+    with contextlib.suppress(OSError):  # a lost measurement is measured again at the next READY
+        write_json_atomic(Path(state_dir) / MEASUREMENTS_FILE, dict(measurements))
+
+
 def offline_table(config: Any, state_dir: Path) -> dict[str, Any]:
     """The memory table for a config outside the daemon (`check`, `plan`): remembered measurements, last states."""
-    try:
-        measurements = json.loads((Path(state_dir) / "measurements.json").read_text())
-    except (OSError, ValueError):
-        measurements = {}
-    measurements = measurements if isinstance(measurements, dict) else {}
-    try:
-        servers = json.loads((Path(state_dir) / "state.json").read_text()).get("servers") or {}
-    except (OSError, ValueError, AttributeError):
-        servers = {}
+    measurements = read_measurements(state_dir)
+    servers = (read_state(state_dir) or {}).get("servers") or {}
     states = {n: s.get("state", "stopped") for n, s in servers.items() if isinstance(s, dict)}
 
     def need(entry: Any) -> Need:
