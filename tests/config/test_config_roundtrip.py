@@ -1,14 +1,16 @@
-"""Property-style: random valid configs survive load -> dump -> load, and the state-file dict round trip."""
+"""Properties (hypothesis): valid configs survive load -> dump -> load, and the state-file dict round trip."""
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import random
+import tempfile
 from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import strategies as st
 
 from tests.config_support import model_dir
 from veloxd.config import config_from_dict, config_to_dict, load_config
@@ -37,88 +39,105 @@ TRICKY_TEXT = [
 ]
 
 
-def _value(f: dataclasses.Field, rng: random.Random) -> Any:
+def _setting(f: dataclasses.Field) -> st.SearchStrategy[Any]:
+    """Any value the field's metadata admits (its choices, bool, or an integer in its range)."""
     meta = f.metadata
-    if meta["nullable"] and rng.random() < 0.2:
-        return None
     if meta["choices"]:
-        return rng.choice(meta["choices"])
-    if meta["kind"] is bool:
-        return rng.random() < 0.5
-    low = meta["minimum"] if meta["minimum"] is not None else 0
-    high = meta["maximum"] if meta["maximum"] is not None else low + 10_000
-    return rng.randint(int(low), int(min(high, low + 10_000)))
+        values: st.SearchStrategy[Any] = st.sampled_from(meta["choices"])
+    elif meta["kind"] is bool:
+        values = st.booleans()
+    else:
+        low = int(meta["minimum"]) if meta["minimum"] is not None else 0
+        high = int(meta["maximum"]) if meta["maximum"] is not None else low + 10_000
+        values = st.integers(low, min(high, low + 10_000))
+    return st.none() | values if meta["nullable"] else values
 
 
-def _kv(method: str, rng: random.Random) -> dict[str, Any]:
+@st.composite
+def kv_block(draw: st.DrawFn, method: str) -> dict[str, Any]:
+    """`bits`, `seed` and `overrides` for `method` that KVCacheConfig accepts."""
     info = registry.get(method)
     kv: dict[str, Any] = {}
-    if info.bits_choices and rng.random() < 0.7:
-        kv["bits"] = rng.choice(info.bits_choices)
-    if "seed" in fields_for(method) and rng.random() < 0.5:
-        kv["seed"] = rng.randrange(0, 2**31)
-    overrides = {n: _value(field_named(n), rng) for n in override_fields_for(method) if rng.random() < 0.6}
-    while True:  # drop settings until the cross-field rules hold (no overrides always does)
-        try:
-            KVCacheConfig(method=method, **{k: v for k, v in kv.items()}, **overrides)
-            break
-        except ValueError:
-            overrides.pop(rng.choice(list(overrides)))
-    kv["overrides"] = overrides
-    return kv
+    if info.bits_choices and draw(st.booleans()):
+        kv["bits"] = draw(st.sampled_from(info.bits_choices))
+    if "seed" in fields_for(method) and draw(st.booleans()):
+        kv["seed"] = draw(st.integers(0, 2**31 - 1))
+    names = (
+        draw(st.lists(st.sampled_from(override_fields_for(method)), unique=True)) if override_fields_for(method) else []
+    )
+    overrides = {name: draw(_setting(field_named(name))) for name in names}
+    try:
+        KVCacheConfig(method=method, **kv, **overrides)
+    except ValueError:
+        assume(False)  # a cross-field rule (e.g. window <= budget) refuses this combination
+    return {**kv, "overrides": overrides}
 
 
-def random_config(rng: random.Random) -> dict[str, Any]:
-    servers = {}
-    ports = rng.sample(range(1024, 65536), 4)
-    for i in range(rng.randint(0, 4)):
-        method = rng.choice(registry.names())
-        entry: dict[str, Any] = {
-            "model": rng.choice(["./model", "model", "mlx-community/Qwen2.5-0.5B-Instruct-4bit"]),
-            "port": ports[i],
-            "method": method,
-            **_kv(method, rng),
+TEXT = st.sampled_from(TRICKY_TEXT) | st.text(max_size=20)
+
+
+@st.composite
+def entry(draw: st.DrawFn, port: int) -> dict[str, Any]:
+    method = draw(st.sampled_from(registry.names()))
+    out: dict[str, Any] = {
+        "model": draw(st.sampled_from(["./model", "model", "mlx-community/Qwen2.5-0.5B-Instruct-4bit"])),
+        "port": port,
+        "method": method,
+        **draw(kv_block(method)),
+    }
+    host = draw(st.sampled_from(["127.0.0.1", "localhost", "::1", "0.0.0.0", None]))
+    if host:
+        out["host"] = host
+    if host == "0.0.0.0" or draw(st.booleans()):
+        out["api_key_env"] = draw(st.sampled_from(["TOKEN", "VELOXD_KEY_2"]))
+    if draw(st.booleans()):
+        out["sampling"] = {"temp": draw(st.sampled_from([0, 0.2, 1.5])), "max_tokens": draw(st.integers(1, 4096))}
+    if draw(st.booleans()):
+        out["prompt_cache"] = {
+            "size": draw(st.integers(1, 50)),
+            "bytes": draw(st.sampled_from([None, 123456, "512M", "1.5GiB", "2g"])),
         }
-        host = rng.choice(["127.0.0.1", "localhost", "::1", "0.0.0.0", None])
-        if host:
-            entry["host"] = host
-        if host == "0.0.0.0" or rng.random() < 0.3:
-            entry["api_key_env"] = rng.choice(["TOKEN", "VELOXD_KEY_2"])
-        if rng.random() < 0.5:
-            entry["sampling"] = {"temp": rng.choice([0, 0.2, 1.5]), "max_tokens": rng.randint(1, 4096)}
-        if rng.random() < 0.5:
-            entry["prompt_cache"] = {
-                "size": rng.randint(1, 50),
-                "bytes": rng.choice([None, 123456, "512M", "1.5GiB", "2g"]),
-            }
-        if rng.random() < 0.5:
-            entry["env"] = {f"VAR_{k}": rng.choice(TRICKY_TEXT) for k in range(rng.randint(0, 3))}
-        if rng.random() < 0.5:
-            entry["description"] = rng.choice(TRICKY_TEXT)
-        if rng.random() < 0.3:
-            entry["restart"] = {"max_failures": rng.randint(1, 9), "backoff_initial_s": rng.choice([0.5, 1, 2])}
-        if rng.random() < 0.3:
-            entry["ready_timeout_s"] = rng.choice([5, 60.5, 900])
-        servers[f"s{i}-{method.replace('_', '-')}"] = entry
+    if draw(st.booleans()):
+        out["env"] = draw(st.dictionaries(st.from_regex(r"VAR_[A-Z0-9]{1,4}", fullmatch=True), TEXT, max_size=3))
+    if draw(st.booleans()):
+        out["description"] = draw(TEXT)
+    if draw(st.booleans()):
+        out["restart"] = {
+            "max_failures": draw(st.integers(1, 9)),
+            "backoff_initial_s": draw(st.sampled_from([0.5, 1, 2])),
+        }
+    if draw(st.booleans()):
+        out["ready_timeout_s"] = draw(st.sampled_from([5, 60.5, 900]))
+    return out
+
+
+@st.composite
+def config_document(draw: st.DrawFn) -> dict[str, Any]:
+    ports = draw(st.lists(st.integers(1024, 65535), unique=True, max_size=4))
+    servers = {}
+    for i, port in enumerate(ports):
+        server = draw(entry(port))
+        servers[f"s{i}-{server['method'].replace('_', '-')}"] = server
     return {"version": 1, "servers": servers}
 
 
-@pytest.mark.parametrize("seed", range(12))
-def test_load_dump_load_keeps_the_servers(tmp_path: Path, seed: int) -> None:
-    rng = random.Random(seed)
-    model_dir(tmp_path)
-    for attempt in range(5):
-        first_file = tmp_path / f"first{attempt}.yaml"
-        first_file.write_text(dump_yaml(random_config(rng)), encoding="utf-8")
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
+@given(document=config_document())
+def test_load_dump_load_keeps_the_servers(document: dict[str, Any]) -> None:
+    with tempfile.TemporaryDirectory() as tmp:  # one directory per example (tmp_path is per test)
+        root = Path(tmp)
+        model_dir(root)
+        first_file = root / "first.yaml"
+        first_file.write_text(dump_yaml(document), encoding="utf-8")
         first_file.chmod(0o644)
         first = load_config(first_file)
 
-        document = config_to_dict(first)
-        assert (document.pop("source"), document.pop("sha256")) == (first.source, first.sha256)
-        elsewhere = tmp_path / f"elsewhere{attempt}"  # paths were resolved: the dump works from anywhere
+        dumped = config_to_dict(first)
+        assert (dumped.pop("source"), dumped.pop("sha256")) == (first.source, first.sha256)
+        elsewhere = root / "elsewhere"  # paths were resolved: the dump works from anywhere
         elsewhere.mkdir()
         second_file = elsewhere / "veloxd.yaml"
-        second_file.write_text(dump_yaml(document), encoding="utf-8")
+        second_file.write_text(dump_yaml(dumped), encoding="utf-8")
         second_file.chmod(0o644)
         second = load_config(second_file)
         assert second.servers == first.servers
