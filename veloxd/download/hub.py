@@ -1,12 +1,14 @@
 """The one module that touches huggingface_hub: list a model, fetch a file resumably, file it in the cache.
 
 Why not just `snapshot_download`: since huggingface_hub 1.x each download writes to a
-process-unique temporary file that is deleted on failure (huggingface_hub PR 4228), so an
-interrupted multi-gigabyte shard starts again from byte 0. veloxd fetches each missing blob
-itself, with huggingface_hub's own `http_get` (auth headers, proxies, retries, Range resume),
-into a stable `blobs/<etag>.incomplete` that a later run continues, then lets
-`snapshot_download` do the cache bookkeeping (snapshot symlinks, tree listing), which finds
-every blob present and transfers nothing. Plain HTTP is used for Xet-backed files too.
+process-unique temporary file that is deleted on failure, so an interrupted multi-gigabyte
+shard starts again from byte 0. veloxd fetches each missing blob itself through
+huggingface_hub's public HTTP layer (`http_stream_backoff`: its session, auth headers, proxies
+and retries) with a Range request, into a stable `blobs/<etag>.incomplete` that a later run
+continues, then lets `snapshot_download` do the cache bookkeeping (snapshot symlinks, tree
+listing), which finds every blob present and transfers nothing. Plain HTTP is used for
+Xet-backed files too. Only public huggingface_hub names are used (httpx2, its HTTP client, is
+a declared dependency for the transport errors).
 """
 
 from __future__ import annotations
@@ -20,7 +22,15 @@ from typing import BinaryIO
 from urllib.parse import urlsplit
 
 import httpx2
-from huggingface_hub import HfApi, constants, get_hf_file_metadata, hf_hub_url, snapshot_download
+from huggingface_hub import (
+    HfApi,
+    constants,
+    get_hf_file_metadata,
+    hf_hub_download,
+    hf_hub_url,
+    snapshot_download,
+    try_to_load_from_cache,
+)
 from huggingface_hub.errors import (
     DisabledRepoError,
     GatedRepoError,
@@ -29,8 +39,14 @@ from huggingface_hub.errors import (
     RepositoryNotFoundError,
     RevisionNotFoundError,
 )
-from huggingface_hub.file_download import http_get
-from huggingface_hub.utils import WeakFileLock, build_hf_headers, disable_progress_bars, get_token
+from huggingface_hub.utils import (
+    WeakFileLock,
+    build_hf_headers,
+    disable_progress_bars,
+    get_token,
+    hf_raise_for_status,
+    http_stream_backoff,
+)
 
 from veloxd.download.cache import ALLOW_PATTERNS, REVISION, wanted
 
@@ -84,17 +100,13 @@ class Listing:
             return 0
 
 
-CHUNK_BYTES = 1 << 20
+CHUNK_BYTES = 1 << 20  # a body is written 1 MiB at a time: progress shows, a kill loses at most that
+STREAM_ATTEMPTS = 5  # a transfer that breaks mid-body continues from where it stopped, this many times
 
 
 def configure() -> None:
-    """No huggingface_hub progress bars (veloxd reports progress itself), and 1 MiB reads.
-
-    huggingface_hub reads a body in 10 MiB pieces and writes each whole: a small model would
-    show no progress until done, and a kill would lose up to 10 MiB of a partial file.
-    """
+    """No huggingface_hub progress bars: veloxd reports progress itself."""
     disable_progress_bars()
-    constants.DOWNLOAD_CHUNK_SIZE = CHUNK_BYTES
 
 
 def list_model(repo_id: str) -> Listing:
@@ -134,36 +146,6 @@ def list_model(repo_id: str) -> Listing:
     return Listing(repo_id, commit, sorted(files, key=lambda f: -f.size), storage)
 
 
-class _Counting:
-    """The file object http_get writes to: counts bytes for progress and honours cancellation."""
-
-    def __init__(self, handle: BinaryIO, on_bytes: Callable[[int], None], cancelled: Callable[[], bool]) -> None:
-        self._handle = handle
-        self._on_bytes = on_bytes
-        self._cancelled = cancelled
-
-    def write(self, chunk: bytes) -> int:
-        if self._cancelled():
-            raise Cancelled()
-        written = self._handle.write(chunk)
-        self._on_bytes(len(chunk))
-        return written
-
-    def tell(self) -> int:
-        return self._handle.tell()
-
-    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
-        return self._handle.seek(offset, whence)
-
-    def truncate(self, size: int | None = None) -> int:
-        # The server ignored our Range (200 instead of 206): http_get starts over; so does the count.
-        self._handle.flush()
-        before = os.fstat(self._handle.fileno()).st_size
-        after = self._handle.truncate(size)
-        self._on_bytes(after - before)
-        return after
-
-
 def fetch(listing: Listing, file: RemoteFile, on_bytes: Callable[[int], None], cancelled: Callable[[], bool]) -> None:
     """Bring one blob into the cache, continuing a partial file; `on_bytes` gets each chunk's size."""
     blob, partial = listing.blob(file), listing.partial(file)
@@ -178,23 +160,69 @@ def fetch(listing: Listing, file: RemoteFile, on_bytes: Callable[[int], None], c
             if blob.is_file():
                 return
             with open(partial, "ab") as handle:
-                resume = handle.tell()
-                if resume > file.size:  # not ours to continue: start over
-                    handle.truncate(0)
-                    on_bytes(-resume)
-                    resume = 0
-                http_get(
-                    file.url,
-                    _Counting(handle, on_bytes, cancelled),  # type: ignore[arg-type]
-                    resume_size=resume,
-                    headers=headers,
-                    expected_size=file.size,
-                )
+                if handle.tell() > file.size:  # not ours to continue: start over
+                    on_bytes(-_truncate(handle))
+                for attempt in range(STREAM_ATTEMPTS):
+                    try:
+                        _stream(file, headers, handle, on_bytes, cancelled)
+                        break
+                    except httpx2.TransportError:
+                        if attempt == STREAM_ATTEMPTS - 1:
+                            raise
             os.replace(partial, blob)
     except (DownloadError, Cancelled):
         raise
     except Exception as err:
         raise classify(err, listing.repo_id) from err
+
+
+def _stream(
+    file: RemoteFile,
+    headers: dict[str, str],
+    handle: BinaryIO,
+    on_bytes: Callable[[int], None],
+    cancelled: Callable[[], bool],
+) -> None:
+    """Append the rest of `file` to `handle` (a Range request from its current size)."""
+    resume = handle.tell()
+    if resume == file.size:
+        return
+    ranged = {**headers, "Range": f"bytes={resume}-"} if resume else headers
+    with http_stream_backoff("GET", file.url, headers=ranged, follow_redirects=True) as response:
+        hf_raise_for_status(response)
+        if resume and response.status_code != 206:  # the server ignored our Range: start over
+            on_bytes(-_truncate(handle))
+        for chunk in response.iter_bytes(CHUNK_BYTES):
+            if cancelled():
+                raise Cancelled()
+            handle.write(chunk)
+            on_bytes(len(chunk))
+    handle.flush()
+    if handle.tell() != file.size:
+        raise httpx2.RemoteProtocolError(f"{file.path}: got {handle.tell()} of {file.size} bytes")
+
+
+def _truncate(handle: BinaryIO) -> int:
+    """Empty a partial file; how many bytes it held."""
+    handle.flush()
+    held = os.fstat(handle.fileno()).st_size
+    handle.seek(0)
+    handle.truncate(0)
+    return held
+
+
+def cached_or_fetched(repo_id: str, filename: str) -> str | None:
+    """The path of one small file of `repo_id` (config.json): from the cache, else fetched unless
+    HF_HUB_OFFLINE is set; None when it cannot be had (the load then reports why)."""
+    cached = try_to_load_from_cache(repo_id, filename)
+    if isinstance(cached, str):
+        return cached
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):  # read now, not at import
+        return None
+    try:
+        return hf_hub_download(repo_id, filename)
+    except Exception:  # network or hub error: the load reports it
+        return None
 
 
 def file_snapshot(listing: Listing) -> Path:

@@ -1,7 +1,7 @@
 """Before any weight is read: find the model's config.json and ask veloxd.kv.preflight about it.
 
 A local directory's config.json is read in place. For a Hugging Face id it comes from the local
-hub cache (HF_HUB_CACHE layout, `huggingface_hub.try_to_load_from_cache`); when it is not cached
+hub cache (through veloxd.download.hub, the one module touching huggingface_hub); when it is not cached
 and the hub is reachable (HF_HUB_OFFLINE unset), only that one file is fetched (mlx_lm would
 download it first anyway). When no config.json can be had, the check is left to the load.
 """
@@ -9,7 +9,6 @@ download it first anyway). When no config.json can be had, the check is left to 
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,9 @@ def config_json(model: str) -> dict[str, Any] | None:
     if local.is_dir():
         path: str | Path | None = local / "config.json"
     else:
-        path = _hub_config(model)
+        from veloxd.download.hub import cached_or_fetched  # huggingface_hub only for a hub id
+
+        path = cached_or_fetched(model, "config.json")
     if path is None or not Path(path).is_file():
         return None
     try:
@@ -29,20 +30,6 @@ def config_json(model: str) -> dict[str, Any] | None:
     except (OSError, ValueError):
         return None  # a broken config.json is the load's error to report, with its own message
     return data if isinstance(data, dict) else None
-
-
-def _hub_config(repo_id: str) -> str | None:
-    from huggingface_hub import hf_hub_download, try_to_load_from_cache
-
-    cached = try_to_load_from_cache(repo_id, "config.json")
-    if isinstance(cached, str):
-        return cached
-    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
-        return None
-    try:
-        return hf_hub_download(repo_id, "config.json")
-    except Exception:  # network or hub error: the load reports it
-        return None
 
 
 def refusal(model: str, kv: KVCacheConfig) -> str | None:
