@@ -19,6 +19,7 @@ from tests.download.conftest import GATED, MODEL, TINY, TOKEN
 from tests.fixtures.hub_standin import HubStandIn
 from tests.support import REPO, wait_until
 from veloxd.download import cache
+from veloxd.download.hub import CHUNK_BYTES
 from veloxd.download.protocol import EXIT_FATAL, EXIT_RETRY, parse_line
 
 WANTED = {p.name: p.stat().st_size for p in TINY.iterdir() if cache.wanted(p.name)}
@@ -91,6 +92,32 @@ def test_an_interrupted_pull_continues_where_it_stopped(hub: HubStandIn, hub_env
         hashlib.sha256(blob.read_bytes()).digest() == hashlib.sha256((TINY / "model.safetensors").read_bytes()).digest()
     )
     assert not list((Path(hub_env["HF_HOME"]) / "hub").rglob("*.incomplete"))
+
+
+def test_a_body_broken_off_half_way_continues_in_the_same_pull(hub: HubStandIn, hub_env: dict[str, str]) -> None:
+    hub.break_at = 3_000_000  # the first body of every file stops there and the connection drops
+    weights = WANTED["model.safetensors"]
+    kept = hub.break_at // CHUNK_BYTES * CHUNK_BYTES  # the whole chunks written before the break
+    done = pull("--progress-json", "--model", MODEL, env=hub_env)
+    assert done.returncode == 0, done.stderr
+    first_try, second_try = hub.transfers_of(MODEL, "model.safetensors")
+    assert (first_try.start, first_try.sent) == (0, 3_000_000)
+    assert kept > 0 and (second_try.start, second_try.sent) == (kept, weights - kept)  # a Range, not byte 0
+    blob = Path(events(done.stdout)[-1]["path"]) / "model.safetensors"
+    assert blob.read_bytes() == (TINY / "model.safetensors").read_bytes()
+    assert events(done.stdout)[-1]["fetched_bytes"] == sum(WANTED.values())
+
+
+def test_a_server_that_ignores_the_range_restarts_the_file(hub: HubStandIn, hub_env: dict[str, str]) -> None:
+    hub.break_at, hub.ignore_ranges = 3_000_000, True
+    weights = WANTED["model.safetensors"]
+    done = pull("--progress-json", "--model", MODEL, env=hub_env)
+    assert done.returncode == 0, done.stderr
+    first_try, second_try = hub.transfers_of(MODEL, "model.safetensors")
+    assert (first_try.sent, second_try.start, second_try.sent) == (3_000_000, 0, weights)  # the whole file again
+    blob = Path(events(done.stdout)[-1]["path"]) / "model.safetensors"
+    assert blob.read_bytes() == (TINY / "model.safetensors").read_bytes()  # not the first MB twice
+    assert events(done.stdout)[-1]["fetched_bytes"] == sum(WANTED.values())  # the restart was counted back
 
 
 def _failed(done: subprocess.CompletedProcess[str]) -> dict:

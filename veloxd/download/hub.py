@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import errno
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -101,7 +102,7 @@ class Listing:
 
 
 CHUNK_BYTES = 1 << 20  # a body is written 1 MiB at a time: progress shows, a kill loses at most that
-STREAM_ATTEMPTS = 5  # a transfer that breaks mid-body continues from where it stopped, this many times
+STREAM_ATTEMPTS = 5  # a transfer that fails or breaks mid-body continues from where it stopped, this many times
 
 
 def configure() -> None:
@@ -169,6 +170,7 @@ def fetch(listing: Listing, file: RemoteFile, on_bytes: Callable[[int], None], c
                     except httpx2.TransportError:
                         if attempt == STREAM_ATTEMPTS - 1:
                             raise
+                        time.sleep(min(2**attempt, 8))  # then continue from the bytes already here
             os.replace(partial, blob)
     except (DownloadError, Cancelled):
         raise
@@ -188,7 +190,11 @@ def _stream(
     if resume == file.size:
         return
     ranged = {**headers, "Range": f"bytes={resume}-"} if resume else headers
-    with http_stream_backoff("GET", file.url, headers=ranged, follow_redirects=True) as response:
+    # Its retries cover a refused or failed request (status 429/5xx); a body that breaks is
+    # continued by `fetch` with a new Range (retrying inside would replay the stream).
+    with http_stream_backoff(
+        "GET", file.url, headers=ranged, follow_redirects=True, retry_on_exceptions=()
+    ) as response:
         hf_raise_for_status(response)
         if resume and response.status_code != 206:  # the server ignored our Range: start over
             on_bytes(-_truncate(handle))
