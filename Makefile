@@ -70,11 +70,11 @@ bench-quick: $(BENCH_STAMP)
 	$(BLAS_ENV) $(PY) -m benchmarks.run_all --quick
 
 bench-kv: $(BENCH_STAMP)
-	$(BLAS_ENV) $(PY) -m benchmarks.kv
+	$(BLAS_ENV) $(PY) -m benchmarks.kv.quality
 
 # Pass-key accuracy per depth through every cache, on veloxd/assets/tiny-llama-retrieval (~20 min).
 bench-retrieval: $(BENCH_STAMP)
-	$(BLAS_ENV) $(PY) -m benchmarks.retrieval
+	$(BLAS_ENV) $(PY) -m benchmarks.kv.retrieval
 
 # Six fixed-seed, fixed-step stages (reproducible), ~145 min on 2 cores: from scratch, 200 steps
 # at 256 tokens (the defaults: the induction circuit forms), a fine-tune with a curriculum to real
@@ -92,27 +92,27 @@ RETRIEVAL_STAGE4 := --seed 3 --steps 240 --lr 1e-3 --warmup 10 --passkey 0.5 --i
 RETRIEVAL_STAGE5 := --seed 4 --steps 240 --lr 1e-3 --warmup 10 --passkey 0.5 --hard-keys 0.5 --induction longest --curriculum 0:1024,0.4:4096
 RETRIEVAL_STAGE6 := --seed 5 --steps 240 --lr 1e-3 --warmup 10 --passkey 0.5 --hard-keys 0.5 --lookback 3 --induction longest --curriculum 0:1024,0.4:4096
 train-retrieval: $(BENCH_STAMP)
-	$(BLAS_ENV) $(PY) -m benchmarks.train_retrieval --out $(RETRIEVAL_STAGE1)
-	$(BLAS_ENV) $(PY) -m benchmarks.train_retrieval --init $(RETRIEVAL_STAGE1) $(RETRIEVAL_STAGE2)
-	$(BLAS_ENV) $(PY) -m benchmarks.train_retrieval --init $(RETRIEVAL_MODEL) $(RETRIEVAL_STAGE3)
-	$(BLAS_ENV) $(PY) -m benchmarks.train_retrieval --init $(RETRIEVAL_MODEL) $(RETRIEVAL_STAGE4)
-	$(BLAS_ENV) $(PY) -m benchmarks.train_retrieval --init $(RETRIEVAL_MODEL) $(RETRIEVAL_STAGE5)
-	$(BLAS_ENV) $(PY) -m benchmarks.train_retrieval --init $(RETRIEVAL_MODEL) $(RETRIEVAL_STAGE6)
-	$(BLAS_ENV) $(PY) -m benchmarks.retrieval_eval --check
+	$(BLAS_ENV) $(PY) -m benchmarks.training.train_retrieval --out $(RETRIEVAL_STAGE1)
+	$(BLAS_ENV) $(PY) -m benchmarks.training.train_retrieval --init $(RETRIEVAL_STAGE1) $(RETRIEVAL_STAGE2)
+	$(BLAS_ENV) $(PY) -m benchmarks.training.train_retrieval --init $(RETRIEVAL_MODEL) $(RETRIEVAL_STAGE3)
+	$(BLAS_ENV) $(PY) -m benchmarks.training.train_retrieval --init $(RETRIEVAL_MODEL) $(RETRIEVAL_STAGE4)
+	$(BLAS_ENV) $(PY) -m benchmarks.training.train_retrieval --init $(RETRIEVAL_MODEL) $(RETRIEVAL_STAGE5)
+	$(BLAS_ENV) $(PY) -m benchmarks.training.train_retrieval --init $(RETRIEVAL_MODEL) $(RETRIEVAL_STAGE6)
+	$(BLAS_ENV) $(PY) -m benchmarks.training.retrieval_eval --check
 
 eval-retrieval: $(BENCH_STAMP)
-	$(BLAS_ENV) $(PY) -m benchmarks.retrieval_eval --check
+	$(BLAS_ENV) $(PY) -m benchmarks.training.retrieval_eval --check
 
 bench-daemon: $(STAMP)
-	$(PY) -m benchmarks.daemon
+	$(PY) -m benchmarks.system.daemon
 
 bench-limits: $(STAMP)
-	$(PY) -m benchmarks.limits
+	$(PY) -m benchmarks.system.limits
 bench-distributed: $(STAMP)
-	$(BLAS_ENV) $(PY) -m benchmarks.distributed
+	$(BLAS_ENV) $(PY) -m benchmarks.system.distributed
 
 bench-gateway: $(STAMP)
-	$(PY) -m benchmarks.gateway
+	$(PY) -m benchmarks.system.gateway
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -14,7 +14,9 @@ from typing import Any
 
 import mlx.core as mx
 
-ASSET = Path(__file__).resolve().parent.parent / "veloxd" / "assets" / "tiny-llama"
+from benchmarks.paths import ASSETS
+
+ASSET = ASSETS / "tiny-llama"
 OUTLIER_PAIRS = (3, 17, 40, 58)  # rotary pair indices i (< D/2) scaled in every layer and KV head
 OUTLIER_SCALE = 20.0
 

@@ -11,11 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
-from benchmarks import kv, kv_peak, plots, readme_section, report, retrieval, serving
-
-RESULTS = Path(__file__).resolve().parent / "results"
+from benchmarks.docs import plots, readme_section, report
+from benchmarks.kv import peak as kv_peak
+from benchmarks.kv import quality as kv
+from benchmarks.kv import retrieval
+from benchmarks.paths import RESULTS
+from benchmarks.system import serving
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,7 +10,9 @@ import pytest
 from mlx_lm.models import llama
 from tokenizers import Tokenizer
 
-from benchmarks.attention_guide import (
+from benchmarks.data import PassKey
+from benchmarks.model import ASSET
+from benchmarks.training.attention_guide import (
     GUIDED_HEADS,
     GUIDED_QUERIES,
     guide_targets,
@@ -19,9 +21,7 @@ from benchmarks.attention_guide import (
     guided_loss,
     induction_targets,
 )
-from benchmarks.data import PassKey
-from benchmarks.model import ASSET
-from benchmarks.train_tiny import Trainer, model_config
+from benchmarks.training.train_tiny import Trainer, model_config
 
 TINY = argparse.Namespace(
     seed=0, lr=3e-3, hidden=64, layers=2, heads=4, kv_heads=2, head_dim=16, intermediate=128, vocab=64, rope_theta=1e4
@@ -161,7 +161,7 @@ def test_the_unguided_trainer_reports_no_auxiliary_term() -> None:
 
 
 def test_train_retrieval_refuses_a_bad_guide_induction_or_hard_keys_by_flag(capsys) -> None:
-    from benchmarks.train_retrieval import parse_args
+    from benchmarks.training.train_retrieval import parse_args
 
     assert parse_args(["--induction", "longest", "--guide", "0.5"]).induction == "longest"
     assert parse_args(["--hard-keys", "0.5"]).hard_keys == 0.5
@@ -182,7 +182,7 @@ def test_train_retrieval_refuses_a_bad_guide_induction_or_hard_keys_by_flag(caps
     ("argv", "expected"), [(["--lookback", "0"], "1 to 4"), (["--lookback", "3", "--heads", "2"], "1 to 2")]
 )
 def test_train_retrieval_refuses_a_lookback_without_a_head_for_each_token_back(argv, expected, capsys) -> None:
-    from benchmarks.train_retrieval import parse_args
+    from benchmarks.training.train_retrieval import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(argv)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from benchmarks.data import PassKey, TokenizedCorpus, TrainingStream, is_held_out
-from benchmarks.pareto import front
+from benchmarks.kv.pareto import front
 from tests.support import REPO
 
 
@@ -101,7 +101,8 @@ def test_training_stream_is_seeded_and_masks_only_random_first_copies(tokenizer)
 def test_kv_benchmark_pipeline_measures_writes_and_renders(tiny_model, tmp_path) -> None:
     import json
 
-    from benchmarks import kv, plots, readme_section, report
+    from benchmarks.docs import plots, readme_section, report
+    from benchmarks.kv import quality as kv
 
     out = tmp_path / "kv.json"
     arms = "fp16,mlx-q4,affine-4,streaming_llm-40"
@@ -149,7 +150,8 @@ def test_kv_benchmark_pipeline_measures_writes_and_renders(tiny_model, tmp_path)
 
 def test_every_planned_label_is_an_arm_and_hybrids_are_arms() -> None:
     """The full plan names arms by label; a renamed or missing arm would silently drop from the run."""
-    from benchmarks import arms, kv
+    from benchmarks.kv import arms
+    from benchmarks.kv import quality as kv
     from veloxd.kv import registry
 
     plan = kv.Plan.full()

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from benchmarks import arms, plots, report
+from benchmarks.docs import plots, report
+from benchmarks.kv import arms
 from tests.support import REPO
 
 HYBRID = "snapkv_affine-4-512"

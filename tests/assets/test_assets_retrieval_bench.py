@@ -7,10 +7,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks import arms as arm_defs
-from benchmarks.retrieval import budget_arms
-from benchmarks.retrieval_plots import grids
-from benchmarks.retrieval_report import by_label, keeps_retrieval, markdown, verdicts
+from benchmarks.docs.retrieval_plots import grids
+from benchmarks.docs.retrieval_report import by_label, keeps_retrieval, markdown, verdicts
+from benchmarks.kv import arms as arm_defs
+from benchmarks.kv.retrieval import budget_arms
 from veloxd.kv import registry
 
 MODEL = Path(__file__).resolve().parents[2] / "veloxd" / "assets" / "tiny-llama-retrieval"
@@ -20,7 +20,7 @@ LABELS = ("fp16", "streaming_llm@25%", "snapkv@50%")
 
 @pytest.fixture(scope="module")
 def tiny_report() -> dict:
-    from benchmarks.retrieval import load_inputs, run
+    from benchmarks.kv.retrieval import load_inputs, run
 
     bench_model, passkey, held_out = load_inputs(MODEL)
     return run(bench_model, passkey, held_out, (CONTEXT,), {CONTEXT: 2}, LABELS, {CONTEXT: (0.0, 1.0)})
@@ -54,7 +54,7 @@ def test_tiny_run_has_one_row_per_arm_with_accuracy_per_depth(tiny_report) -> No
 
 
 def test_heatmap_grid_and_figure_and_table(tiny_report, tmp_path: Path) -> None:
-    from benchmarks.retrieval_plots import heatmaps
+    from benchmarks.docs.retrieval_plots import heatmaps
 
     panels = grids(tiny_report["rows"])
     assert list(panels) == list(LABELS)

@@ -9,7 +9,14 @@ import numpy as np
 import pytest
 
 from benchmarks.data import PASS_KEY_QUESTION, PassKey, TokenizedCorpus
-from benchmarks.retrieval_data import ANSWER_WEIGHT, KEY_SHAPES, Mix, RetrievalStream, first_occurrence, shaped_key
+from benchmarks.training.retrieval_data import (
+    ANSWER_WEIGHT,
+    KEY_SHAPES,
+    Mix,
+    RetrievalStream,
+    first_occurrence,
+    shaped_key,
+)
 
 
 @pytest.fixture(scope="module")

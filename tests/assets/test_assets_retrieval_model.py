@@ -43,13 +43,13 @@ def _tiny_llama_tokenizer():
 
 
 def test_training_record_is_reproducible_from_its_commands() -> None:
-    from benchmarks.retrieval_eval import stage_records
+    from benchmarks.training.retrieval_eval import stage_records
 
     training = json.loads((MODEL / "training.json").read_text())
     stages = stage_records(training)
     assert stages[0]["init"] == "scratch" and len(stages) == 6  # as `make train-retrieval` runs them
     for stage in stages:
-        assert stage["command"].startswith("python -m benchmarks.train_retrieval")
+        assert stage["command"].startswith("python -m benchmarks.training.train_retrieval")
         assert stage["history"][-1]["step"] == stage.get("stopped_at", stage["steps"])
         # hard_keys came with stage 5 (an earlier stage's record has no such key)
         assert {"passkey", "recall", "copy", "code", "max_recalls"} <= set(stage["data_mix"])
@@ -64,7 +64,7 @@ def makefile_commands() -> list[str]:
     """The train_retrieval commands of `make train-retrieval`, with the Makefile's variables expanded."""
     text = (ASSETS.parents[1] / "Makefile").read_text().replace("\\\n", " ")
     variables = dict(re.findall(r"^(RETRIEVAL_\w+) := (.*)$", text, re.MULTILINE))
-    commands = re.findall(r"\$\(PY\) (-m benchmarks\.train_retrieval .*)$", text, re.MULTILINE)
+    commands = re.findall(r"\$\(PY\) (-m benchmarks\.training\.train_retrieval .*)$", text, re.MULTILINE)
     expand = functools.partial(re.sub, r"\$\((RETRIEVAL_\w+)\)", lambda m: variables[m.group(1)].strip())
     return ["python " + " ".join(expand(c).split()) for c in commands]
 

@@ -7,10 +7,10 @@ from mlx_lm import load
 from tokenizers import Tokenizer
 
 from benchmarks.data import PassKey, documents, tokenize
+from benchmarks.kv.passkey import answer_token_hits
+from benchmarks.kv.retrieval import MODEL
 from benchmarks.model import ASSET
-from benchmarks.passkey import answer_token_hits
-from benchmarks.retrieval import MODEL
-from benchmarks.retrieval_probe import PROBE_DEPTHS, Probe
+from benchmarks.training.retrieval_probe import PROBE_DEPTHS, Probe
 from veloxd.kv.factory import native_caches
 
 

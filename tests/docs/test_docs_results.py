@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from benchmarks import readme_section
+from benchmarks.docs import readme_section
 
 
 def test_the_results_page_holds_exactly_the_tables_the_results_give() -> None:

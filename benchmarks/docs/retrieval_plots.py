@@ -7,8 +7,8 @@ from typing import Any
 
 import numpy as np
 
+from benchmarks.docs.retrieval_report import context_label
 from benchmarks.provenance import caption
-from benchmarks.retrieval_report import context_label
 
 COLUMNS = 4
 

@@ -1,6 +1,6 @@
 """Evaluate the shipped tiny model and write its MODEL_CARD.md (and model_eval.json beside it).
 
-`python -m benchmarks.model_card [--model DIR]`: held-out loss vs a unigram baseline on the same
+`python -m benchmarks.training.model_card [--model DIR]`: held-out loss vs a unigram baseline on the same
 tokens, pass-key accuracy by depth at 1k tokens with the fp16 cache, late recall of identifiers
 defined early in a file, and the realistic-keys variant check.
 """
@@ -16,8 +16,8 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks.data import PassKey, documents, long_held_out, tokenize
+from benchmarks.kv.passkey import DEPTHS, accuracy_by_depth, trials
 from benchmarks.model import ASSET, key_channel_stats, load, max_logit_difference, with_outlier_keys
-from benchmarks.passkey import DEPTHS, accuracy_by_depth, trials
 from benchmarks.provenance import provenance
 
 EVAL_LENGTH = 1024
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     result = evaluate(args.model)
     result["notes"] = args.note
     (args.model / "model_eval.json").write_text(json.dumps(result, indent=2) + "\n")
-    from benchmarks.model_card_text import render
+    from benchmarks.training.model_card_text import render
 
     training = json.loads((args.model / "training.json").read_text())
     config = json.loads((args.model / "config.json").read_text())

@@ -57,7 +57,7 @@ def render(config: dict[str, Any], training: dict[str, Any], ev: dict[str, Any])
     )
     warmup = training.get("induction_warmup", 0)
     command = (
-        "python -m benchmarks.train_tiny --minutes 55"
+        "python -m benchmarks.training.train_tiny --minutes 55"
         + (f" --induction-warmup {warmup}" if warmup else "")
         + " --out veloxd/assets/tiny-llama"
     )
@@ -104,7 +104,7 @@ cosine decay to 10 % over the wall-clock budget, float32, saved as float16.
 The run is time-boxed, so the step count depends on the machine's load; the data order and
 initialization come from the seed, and `--steps N` gives a step-based schedule of the same shape.
 
-## Evaluation (float32, fp16-equivalent cache; `python -m benchmarks.model_card`)
+## Evaluation (float32, fp16-equivalent cache; `python -m benchmarks.training.model_card`)
 | metric | value |
 |---|---|
 | held-out NLL, {ev["held_out_windows"]} windows x 1024 tokens ({ev["held_out_tokens"]} tokens) | **{ev["held_out_nll"]:.3f} nats/token** (PPL {math.exp(ev["held_out_nll"]):.1f}) |

@@ -33,10 +33,10 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from benchmarks.paths import REPO
 from testkit.ports import consecutive_ports, free_port
 from testkit.process import children, cpu_seconds
 
-REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "veloxd" / "assets" / "tiny-llama"
 METHOD = ["--method", "affine", "--bits", "4"]
 PROMPT = "The history of the house begins with"

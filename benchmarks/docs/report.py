@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.pareto import front
+from benchmarks.kv.pareto import front
+from benchmarks.paths import RESULTS
 from benchmarks.provenance import caption
 
-RESULTS = Path(__file__).resolve().parent / "results"
 COLUMNS = [
     ("method", lambda r: f"`{r['label']}`"),
     ("stored B/tok ÷ fp16", lambda r: fmt(r.get("stored_vs_fp16"), 3)),
@@ -131,10 +131,10 @@ def main(results: Path = RESULTS) -> int:
     text = kv_section(report)
     serving = results / "serving.json"
     if serving.exists():
-        from benchmarks.serving_report import serving_section
+        from benchmarks.docs.serving_report import serving_section
 
         text += "\n" + serving_section(json.loads(serving.read_text()))
-    from benchmarks.targets import targets_section
+    from benchmarks.kv.targets import targets_section
 
     text += "\n" + targets_section(report, json.loads(serving.read_text()) if serving.exists() else None)
     (results / "RESULTS.md").write_text(text)

@@ -1,4 +1,4 @@
-"""`python -m benchmarks.lifeline`: how soon a worker that is still starting (importing MLX, loading the
+"""`python -m benchmarks.system.lifeline`: how soon a worker that is still starting (importing MLX, loading the
 model) leaves after its daemon is SIGKILLed. Real `veloxd run`, real worker on the shipped model.
 
   gone after = wall time from the daemon's death (its exit reaped) until the worker's pid is gone,
@@ -16,7 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from benchmarks.daemon import REPO, Daemon
+from benchmarks.system.daemon import REPO, Daemon
 from testkit.ports import free_port
 
 MODEL = REPO / "veloxd" / "assets" / "tiny-llama"

@@ -1,7 +1,7 @@
 """KV-cache benchmark: quality, memory and speed of every method vs the fp16 cache and mlx_lm's.
 
-`python -m benchmarks.kv [--quick]` writes benchmarks/results/kv.json (every figure, with
-provenance); `benchmarks.report` and `benchmarks.plots` render it. Documents are the outer loop
+`python -m benchmarks.kv.quality [--quick]` writes benchmarks/results/kv.json (every figure, with
+provenance); `benchmarks.docs.report` and `benchmarks.docs.plots` render it. Documents are the outer loop
 and arms the inner one, so speed samples of different arms interleave in time.
 """
 
@@ -17,15 +17,15 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import arms as arm_defs
 from benchmarks.data import PassKey, documents, long_held_out, tokenize
-from benchmarks.measure import run_document
+from benchmarks.kv import arms as arm_defs
+from benchmarks.kv.measure import run_document
+from benchmarks.kv.passkey import DEPTHS, accuracy_by_depth, trials
+from benchmarks.kv.summary import Samples, memory, quality, ratios, speed
 from benchmarks.model import BenchModel, key_channel_stats, load, max_logit_difference, model_path, with_outlier_keys
-from benchmarks.passkey import DEPTHS, accuracy_by_depth, trials
+from benchmarks.paths import RESULTS
 from benchmarks.provenance import provenance
-from benchmarks.summary import Samples, memory, quality, ratios, speed
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PASSKEY_RESERVE_S = 120.0  # kept back for the pass-key trials when planning long contexts
 MIN_REFERENCE_PASSKEY = 0.5  # below this fp16 accuracy, methods are not pass-key tested
 

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.daemon import REPO, start_daemon
+from benchmarks.system.daemon import REPO, start_daemon
 from testkit.ports import free_port
 from testkit.process import cpu_seconds
 

@@ -2,7 +2,7 @@
 
 Cold start: process start to READY (veloxd) and to the first answered completion (both).
 Throughput: completion tokens per second with 1 and 4 concurrent clients. Arms are interleaved
-(each round starts every server once) and medians reported. `python -m benchmarks.serving`.
+(each round starts every server once) and medians reported. `python -m benchmarks.system.serving`.
 """
 
 from __future__ import annotations
@@ -22,10 +22,10 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.model import model_path
+from benchmarks.paths import RESULTS
 from benchmarks.provenance import provenance
 from testkit.ports import free_port
 
-RESULTS = Path(__file__).resolve().parent / "results"
 PROMPT = 'def parse_arguments(argv):\n    """Parse the command line and return the options."""\n'
 MAX_TOKENS = 64
 ARMS = (

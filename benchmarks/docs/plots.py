@@ -6,10 +6,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from benchmarks.pareto import front
+from benchmarks.kv.pareto import front
+from benchmarks.paths import RESULTS
 from benchmarks.provenance import caption
 
-RESULTS = Path(__file__).resolve().parent / "results"
 KL_FLOOR = 1e-6  # log axis: a KL of exactly 0 (fp16 against itself) is drawn at the floor
 STYLE = {
     "baseline": ("black", "*"),

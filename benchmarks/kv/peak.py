@@ -12,7 +12,7 @@ that is when they evict. `--time N` also times N more decode steps (median secon
 cache grows by N tokens), and `--decode-block K` sets the key block of one-query steps
 (veloxd.kv.ops.blockwise.DECODE_BLOCK) for the run, to choose it by measurement. Run:
 
-    python -m benchmarks.kv_peak [--context 4096] [--gqa 16] [--head-dim 128] [--time 32] [--json out.json]
+    python -m benchmarks.kv.peak [--context 4096] [--gqa 16] [--head-dim 128] [--time 32] [--json out.json]
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Train the retrieval model: code text, pass-key prompts, key=value recall and copy blocks.
 
-`python -m benchmarks.train_retrieval` (OpenBLAS preloaded) trains a fixed number of steps from a
+`python -m benchmarks.training.train_retrieval` (OpenBLAS preloaded) trains a fixed number of steps from a
 fixed seed (reproducible, no deadline) in float32 and writes fp16 weights, config, the shipped
 tiny-llama tokenizer and `training.json` to veloxd/assets/tiny-llama-retrieval. Model, optimizer,
 step and LR schedule are train_tiny's; the loss adds attention supervision (attention_guide,
@@ -29,12 +29,12 @@ import mlx.core as mx
 import numpy as np
 from tokenizers import Tokenizer
 
-from benchmarks.attention_guide import INDUCTION_MATCHES, guide_targets, guided_heads, guided_loss
 from benchmarks.data import PassKey, documents, tokenize
 from benchmarks.model import ASSET
-from benchmarks.retrieval_data import Mix, RetrievalStream
-from benchmarks.retrieval_probe import Probe
-from benchmarks.train_tiny import Trainer, learning_rate, log_step, model_config, phase_at
+from benchmarks.training.attention_guide import INDUCTION_MATCHES, guide_targets, guided_heads, guided_loss
+from benchmarks.training.retrieval_data import Mix, RetrievalStream
+from benchmarks.training.retrieval_probe import Probe
+from benchmarks.training.train_tiny import Trainer, learning_rate, log_step, model_config, phase_at
 
 OUT = ASSET.parent / "tiny-llama-retrieval"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -104,7 +104,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--guide",
         type=guide_weight,
         default=1.0,
-        help="weight of the attention-supervision loss (benchmarks/attention_guide.py; 0 = LM loss only)",
+        help="weight of the attention-supervision loss (benchmarks/training/attention_guide.py; 0 = LM loss only)",
     )
     p.add_argument(
         "--induction",
@@ -242,7 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             write_model(trainer, config, args.out)  # a usable model from the first checkpoint on
     write_model(trainer, config, args.out)
     summary = {
-        "command": "python -m benchmarks.train_retrieval " + " ".join(argv if argv is not None else sys.argv[1:]),
+        "command": "python -m benchmarks.training.train_retrieval "
+        + " ".join(argv if argv is not None else sys.argv[1:]),
         "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items() if k != "curriculum"},
         "seed": args.seed,
         "steps": args.steps,

@@ -22,13 +22,12 @@ import sys
 import threading
 import time
 import urllib.request
-from pathlib import Path
 from typing import Any
 
+from benchmarks.paths import REPO
 from testkit.ports import free_port
 from testkit.process import cpu_seconds
 
-REPO = Path(__file__).resolve().parent.parent
 MODEL = REPO / "veloxd" / "assets" / "tiny-llama"
 CONTEXT = json.loads((MODEL / "config.json").read_text())["max_position_embeddings"]
 

@@ -1,6 +1,6 @@
 """The retrieval model's own evaluation: fp16 pass-key accuracy at 1k and 4k, 11 depths, + card.
 
-`python -m benchmarks.retrieval_eval` writes model_eval.json (accuracy per context and depth with
+`python -m benchmarks.training.retrieval_eval` writes model_eval.json (accuracy per context and depth with
 KEYS_PER_DEPTH keys each on held-out text, held-out NLL, provenance) and MODEL_CARD.md into the
 model directory. `--check` exits 1 unless every (context, depth) cell reaches REQUIRED.
 """
@@ -16,8 +16,8 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from benchmarks.data import TokenizedCorpus, long_held_out
+from benchmarks.kv.retrieval import CONTEXTS, DEPTHS, MODEL, load_inputs, run
 from benchmarks.provenance import provenance
-from benchmarks.retrieval import CONTEXTS, DEPTHS, MODEL, load_inputs, run
 
 KEYS_PER_DEPTH = 20  # 95 % of a cell allows one miss in 20
 REQUIRED = 0.95
@@ -78,7 +78,7 @@ def guide_text(training: dict) -> str:
         )
     return (
         f"an attention-supervision loss (weight {', '.join(str(w) for w in sorted(weights))}; "
-        f"`benchmarks/attention_guide.py`): {back}, "
+        f"`benchmarks/training/attention_guide.py`): {back}, "
         "one head of layer 1 to the token after an earlier occurrence of the current bigram "
         f"({which}): the induction circuit of Olsson et al. 2022. Without it no induction head formed in the "
         "runs this machine affords (docs/results.md); what the heads write is learned from the LM loss, and "
@@ -114,7 +114,7 @@ and 4k tokens (measured below): the benchmark model for what KV compression does
 
 {stages}
 
-Data (`benchmarks/retrieval_data.py`): CPython stdlib sources (train split), pass-key prompts in the
+Data (`benchmarks/training/retrieval_data.py`): CPython stdlib sources (train split), pass-key prompts in the
 benchmark's format (key at a random depth, extra mass at 0.0 and 1.0), code with `name = value`
 lines recalled at the end, and random-id blocks repeated after random separators. Loss: the LM loss
 plus {guide_text(training)}. Machine: {training["machine"]}.

@@ -14,7 +14,7 @@ import mlx.core as mx
 import numpy as np
 
 from benchmarks.data import PassKey, random_key
-from benchmarks.measure import prefill
+from benchmarks.kv.measure import prefill
 
 DEPTHS = (0.1, 0.3, 0.5, 0.7, 0.9)
 

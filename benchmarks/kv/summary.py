@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks.measure import Run, compare
+from benchmarks.kv.measure import Run, compare
 
 
 @dataclass

@@ -25,10 +25,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+from benchmarks.paths import REPO
 from testkit.ports import free_port
 from testkit.process import cpu_seconds
 
-REPO = Path(__file__).resolve().parent.parent
 RESTART = {"max_failures": 1000, "window_s": 60, "backoff_initial_s": 0.2, "backoff_max_s": 1.0}
 
 

@@ -1,6 +1,6 @@
 """Retrieval benchmark: pass-key accuracy per depth through every cache, on the retrieval model.
 
-`python -m benchmarks.retrieval` (`make bench-retrieval`) runs the pass-key trials at 1024 and 4096
+`python -m benchmarks.kv.retrieval` (`make bench-retrieval`) runs the pass-key trials at 1024 and 4096
 tokens, 11 depths, for fp16, mlx_lm's 4-bit cache, every quantizer at its default bits, and every
 eviction method and hybrid at 25 % and 50 % of the context. Every arm sees the same prompts. The
 question ends the prompt, so eviction policies that look at the last queries (SnapKV's window)
@@ -20,15 +20,15 @@ from typing import Any
 
 import numpy as np
 
-from benchmarks import arms as arm_defs
 from benchmarks.data import PassKey, TokenizedCorpus, documents, long_held_out, tokenize
-from benchmarks.kv import make_logger, write
+from benchmarks.kv import arms as arm_defs
+from benchmarks.kv.passkey import answer_token_hits, trials
+from benchmarks.kv.quality import make_logger, write
 from benchmarks.model import ASSET, load
-from benchmarks.passkey import answer_token_hits, trials
+from benchmarks.paths import RESULTS
 from benchmarks.provenance import provenance
 from veloxd.kv import registry
 
-RESULTS = Path(__file__).resolve().parent / "results"
 MODEL = ASSET.parent / "tiny-llama-retrieval"
 CONTEXTS = (1024, 4096)
 DEPTHS = tuple(i / 10 for i in range(11))
@@ -185,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     report.update(header, seconds=round(time.time() - started, 1))
     write(report, out)
-    from benchmarks import retrieval_plots, retrieval_report
+    from benchmarks.docs import retrieval_plots, retrieval_report
 
     retrieval_plots.heatmaps(report, args.out_dir / "retrieval_heatmaps.png")
     retrieval_plots.heatmaps(report, args.out_dir / "retrieval_token_heatmaps.png", metric="token_by_depth")

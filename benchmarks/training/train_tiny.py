@@ -1,6 +1,6 @@
 """Train the shipped tiny llama model (GQA, head_dim 128) on stdlib sources + long-range segments.
 
-`python -m benchmarks.train_tiny --minutes 55 --out veloxd/assets/tiny-llama` (OpenBLAS preloaded)
+`python -m benchmarks.training.train_tiny --minutes 55 --out veloxd/assets/tiny-llama` (OpenBLAS preloaded)
 trains in float32 with a 256 -> 512 -> 1024 context curriculum, checkpoints periodically, stops at
 the deadline and writes fp16 weights, tokenizer, config and `training.json` (steps, losses, time).
 """

@@ -1,0 +1,1 @@
+"""Figures into docs: tables, plots and the results pages, from benchmarks/results/*.json."""

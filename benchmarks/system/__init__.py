@@ -1,0 +1,1 @@
+"""System benchmarks: the daemon, the gateway, the worker's limits, distributed serving."""
