@@ -18,7 +18,14 @@ from typing import Any
 from veloxd import __version__
 from veloxd.daemon import messages as m
 from veloxd.daemon.control import CONTROL_SOCKET_ENV, ControlServer, remove_private_dir
-from veloxd.daemon.logs import get_logger, log_file_id, reopen_logs, take_reopened
+from veloxd.daemon.logs import (
+    get_logger,
+    log_file_id,
+    log_write_status,
+    reopen_logs,
+    take_reopened,
+    take_write_failure,
+)
 from veloxd.daemon.models import ModelDirs
 from veloxd.daemon.ondemand import OnDemand
 from veloxd.daemon.orphans import end_orphans
@@ -203,6 +210,9 @@ class Daemon:
     def _timers(self, now: float) -> None:
         if take_reopened():  # the handler reopened a moved or deleted log file: say so in the new one
             self.log.info("log_reopened", log_file=str(self.options.log_file), reason="moved_or_deleted")
+        failure = take_write_failure()
+        if failure is not None:  # lost from the file, but seen on the console, the dashboard and in status
+            self.log.error("log_write_failed", **failure)
         self.supervisor.tick(now)
         self.dashboard.supervisor.tick(now)
         if self._stopping:
@@ -316,6 +326,7 @@ class Daemon:
                 "control_socket": str(self.control.path),
                 "log_file": str(options.log_file) if options.log_file else None,
                 "log_file_id": log_file_id(),  # [device, inode] written to: `veloxd logs` compares
+                "log_write": log_write_status(),  # records the log file lost, and since when while it fails
                 "worker_command": options.worker_command,
                 "stopping": self._stopping,
             },
