@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TextIO, cast
 
 from veloxd import paths
+from veloxd.daemon import exitcodes
 from veloxd.service.spec import DEFAULT_LABEL
 
 
@@ -57,9 +58,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "status",
         help="state of the daemon and of each server (and launchd's view)",
-        description="Exit status: 0 the daemon runs and every server is ready; 1 the daemon is not running "
-        "(or never ran); 3 it runs, but a server is not ready (starting, waiting, backoff, fatal), no valid "
-        "config was ever loaded, or the last reload was refused.",
+        description=exitcodes.help_text(),
     )
     p.add_argument("--json", action="store_true", help="print the state file as JSON")
     p.add_argument("--label", default=DEFAULT_LABEL, help=f"launchd label to report on (default {DEFAULT_LABEL})")
