@@ -64,6 +64,7 @@ class Daemon:
         self._follow_up = False
         self._waiting_replies: list[m.Reply] = []
         self._config_debounce = Debounce(DEBOUNCE_QUIET_S, DEBOUNCE_MAX_S)
+        self._file_changes = 0  # changes of the config seen since the last reload read it
         self.models = ModelDirs()
         self._config_sig = stat_signature(options.config_path)
         self._next_poll = 0.0
@@ -226,7 +227,7 @@ class Daemon:
                 self._config_sig = signature
                 self._config_debounce.poke(now)
         if self._config_debounce.due(now):
-            self._config_debounce.clear()
+            self._file_changes += self._config_debounce.clear()
             self._request_reload(now, "watch", None)
         if self._follow_up and not self.supervisor.busy:
             self._follow_up = False
@@ -250,22 +251,26 @@ class Daemon:
         self._waiting_replies.clear()
         self._config_sig = stat_signature(self.options.config_path)
         outcome = self.source.read()
+        changes, self._file_changes = self._file_changes, 0
         if isinstance(outcome, Unchanged):
             self.log.info("config_unchanged", source=source, config_sha256=outcome.sha256)
             self.supervisor.recheck_waiting(now)  # the file is the same; the world may not be
             answer: dict[str, Any] = {"ok": True, "unchanged": True, "config_sha256": outcome.sha256}
         elif isinstance(outcome, Invalid):
-            answer = self._rejected(outcome, source)
+            answer = self._rejected(outcome, source, changes)
         else:
             answer = self._apply(outcome, source, now)
         for waiting in replies:
             waiting.send(answer)
 
-    def _rejected(self, outcome: Invalid, source: str) -> dict[str, Any]:
+    def _rejected(self, outcome: Invalid, source: str, changes: int = 0) -> dict[str, Any]:
+        """The file as it stands is what counts (docs/daemon.md): the versions a burst of edits went
+        through are not read, and `file_changes` says how many this refusal stands for."""
         kept = self.config.sha256 if self.config is not None else None
         self.log.error(
             "config_reload_failed",
             source=source,
+            file_changes=changes,
             config_path=str(self.source.path),
             config_sha256=outcome.sha256,
             kept_config_sha256=kept,
@@ -279,6 +284,7 @@ class Daemon:
             "config_sha256": outcome.sha256,
             "kept_config_sha256": kept,
             "errors": outcome.lines,
+            "file_changes": changes,
         }
         return {"ok": False, "errors": outcome.lines, "kept_config_sha256": kept}
 

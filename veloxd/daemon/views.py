@@ -108,7 +108,9 @@ def render_status(state: dict[str, Any]) -> str:
                 else "FAILED, and no config was valid before: no server runs"
             )
         )
-        lines.append(f"last reload: {verdict} at {reload.get('at')} ({reload.get('source')})")
+        changes = reload.get("file_changes") or 0
+        burst = f", {changes} changes of the file merged: only its content now counts" if changes > 1 else ""
+        lines.append(f"last reload: {verdict} at {reload.get('at')} ({reload.get('source')}{burst})")
         lines += [f"  {error}" for error in reload.get("errors") or []]
     lines += log_write_lines(daemon.get("log_write"))
     dashboard = state.get("dashboard")
