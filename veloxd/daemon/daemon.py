@@ -32,6 +32,7 @@ from veloxd.daemon.orphans import end_orphans
 from veloxd.daemon.process import Lifeline, process_start_time
 from veloxd.daemon.reload import ConfigSource, Invalid, Unchanged, Valid
 from veloxd.daemon.server import wall_clock
+from veloxd.daemon.shutdown import forces_kill
 from veloxd.daemon.sidecar import DashboardSidecar, web_command
 from veloxd.daemon.statefile import SCHEMA_VERSION, read_state, write_state
 from veloxd.daemon.supervisor import Supervisor, WorkerSpawner
@@ -61,6 +62,7 @@ class Daemon:
         self.config: Any = None
         self.last_reload: dict[str, Any] | None = None
         self._stopping = False
+        self._stop_signal_at: float | None = None
         self._follow_up = False
         self._waiting_replies: list[m.Reply] = []
         self._config_debounce = Debounce(DEBOUNCE_QUIET_S, DEBOUNCE_MAX_S)
@@ -181,10 +183,14 @@ class Daemon:
 
     def _shutdown(self, signum: int, now: float) -> None:
         if self._stopping:  # a second signal: do not wait for the grace periods
+            if not forces_kill(self._stop_signal_at, now):  # the same Ctrl-C, forwarded by a wrapper
+                self.log.info("daemon_signal_merged", signal=signal.Signals(signum).name)
+                return
             for server in [*self.supervisor.servers.values(), *self.dashboard.supervisor.servers.values()]:
                 server.kill_now()
             return
         self._stopping = True
+        self._stop_signal_at = now
         self.log.info("daemon_stopping", pid=os.getpid(), signal=signal.Signals(signum).name)
         self.supervisor.stop_all(now)
         self.dashboard.supervisor.stop_all(now)
