@@ -339,6 +339,7 @@ class Daemon:
                 "log_file": str(options.log_file) if options.log_file else None,
                 "log_file_id": log_file_id(),  # [device, inode] written to: `veloxd logs` compares
                 "log_write": log_write_status(),  # records the log file lost, and since when while it fails
+                "state_write_error": self._write_error,  # seen by `veloxd status` through the control socket
                 "worker_command": options.worker_command,
                 "stopping": self._stopping,
             },

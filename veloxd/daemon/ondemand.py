@@ -191,7 +191,10 @@ def _read_json(path: Path) -> dict[str, Any]:
 
 
 def _write_json(path: Path, data: dict[str, Any]) -> None:
-    fd, tmp = tempfile.mkstemp(prefix=".measurements.", suffix=".tmp", dir=path.parent)
+    try:  # a state directory gone read-only or full must not take the daemon down (it did)
+        fd, tmp = tempfile.mkstemp(prefix=".measurements.", suffix=".tmp", dir=path.parent)
+    except OSError:
+        return  # measured again at the next READY
     try:
         with os.fdopen(fd, "w") as out:
             json.dump(data, out, indent=2, sort_keys=True)

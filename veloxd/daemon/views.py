@@ -113,6 +113,8 @@ def render_status(state: dict[str, Any]) -> str:
         lines.append(f"last reload: {verdict} at {reload.get('at')} ({reload.get('source')}{burst})")
         lines += [f"  {error}" for error in reload.get("errors") or []]
     lines += log_write_lines(daemon.get("log_write"))
+    if daemon.get("state_write_error"):
+        lines.append(f"state file: cannot be written ({daemon['state_write_error']}); shown as the daemon answered")
     dashboard = state.get("dashboard")
     gateway = (state.get("servers") or {}).get("@gateway")  # serves the dashboard when there is one
     if dashboard:
