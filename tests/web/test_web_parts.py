@@ -48,7 +48,7 @@ def test_compact_summarises_bulky_values_and_keeps_the_few_keys() -> None:
     )
 
 
-def test_errors_and_a_crashed_workers_stderr_go_below_the_line() -> None:
+def test_config_errors_go_below_the_line_and_a_crash_shows_its_last_error_once() -> None:
     failed = {
         "event": "config_reload_failed",
         "level": "error",
@@ -68,9 +68,14 @@ def test_errors_and_a_crashed_workers_stderr_go_below_the_line() -> None:
         "code": 3,
         "last_lines": {"stdout": ["noise"], "stderr": ["Traceback", "ValueError: boom"]},
     }
-    assert ConsoleProcessor(colors=False).render(exited).splitlines()[1:] == ["    Traceback", "    ValueError: boom"]
+    # The stderr lines were printed as they came (server_output): the exit names the last one only.
+    shown = ConsoleProcessor(colors=False).render(exited).splitlines()
+    assert len(shown) == 1 and shown[0].endswith("last_error='ValueError: boom'"), shown
+    fatal = {**exited, "event": "server_fatal", "reason": "5 failures within 300s"}
+    assert len(ConsoleProcessor(colors=False).render(fatal).splitlines()) == 1
     stopped = {**exited, "expected": True}
     assert len(ConsoleProcessor(colors=False).render(stopped).splitlines()) == 1
+    assert "last_error" not in ConsoleProcessor(colors=False).render(stopped)
 
 
 def test_output_lines_are_shown_raw_and_the_ready_json_cut_short() -> None:

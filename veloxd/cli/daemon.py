@@ -13,7 +13,10 @@ from pathlib import Path
 from typing import TextIO, cast
 
 from veloxd import paths
+from veloxd.daemon import exitcodes
 from veloxd.service.spec import DEFAULT_LABEL
+
+STATUS_TIMEOUT_S = 5.0  # a daemon whose loop does not answer by then: its state file is shown instead
 
 
 def state_dir_arg(p: argparse.ArgumentParser) -> None:
@@ -57,9 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "status",
         help="state of the daemon and of each server (and launchd's view)",
-        description="Exit status: 0 the daemon runs and every server is ready; 1 the daemon is not running "
-        "(or never ran); 3 it runs, but a server is not ready (starting, waiting, backoff, fatal), no valid "
-        "config was ever loaded, or the last reload was refused.",
+        description=exitcodes.help_text(),
     )
     p.add_argument("--json", action="store_true", help="print the state file as JSON")
     p.add_argument("--label", default=DEFAULT_LABEL, help=f"launchd label to report on (default {DEFAULT_LABEL})")
@@ -135,7 +136,7 @@ def status(args: argparse.Namespace) -> int:
 
     # launchd first: a daemon that crashes at start under launchd never writes a state file.
     launchd = launchd_status(args.label)  # None where there is no launchctl
-    state = read_state(_state_dir(args))
+    state = _live_state(_state_dir(args), read_state(_state_dir(args)))
     if args.json:
         alive = daemon_alive(state) if state is not None else False
         print(json.dumps({**(state or {}), "daemon_alive": alive, "launchd": launchd}, indent=2))
@@ -147,6 +148,23 @@ def status(args: argparse.Namespace) -> int:
         return status_code(state)
     print(render_status(state))
     return status_code(state)
+
+
+def _live_state(state_dir: Path, state: dict | None) -> dict | None:
+    """The running daemon's own view, through its control socket: its state file may be stale (a full
+    disk or a read-only directory stops the writes, not the daemon). The file when no daemon answers."""
+    from veloxd.daemon.control import DaemonUnreachable, request
+    from veloxd.daemon.views import daemon_alive
+
+    if state is None or not daemon_alive(state):
+        return state
+    try:
+        answer = request(state_dir, {"command": "status"}, timeout=STATUS_TIMEOUT_S)
+    except (DaemonUnreachable, OSError, ValueError) as err:
+        print(f"veloxd status: the daemon did not answer ({err}); showing its state file", file=sys.stderr)
+        return state
+    live = answer.get("state") if answer.get("ok") else None
+    return live if isinstance(live, dict) else state
 
 
 def _ask(args: argparse.Namespace, payload: dict, command: str) -> dict | None:

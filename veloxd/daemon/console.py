@@ -35,8 +35,6 @@ HIDDEN = frozenset(
         "logger",
     }
 )
-# Below the line, indented: what a person must read in full (config errors, a crashed worker's stderr).
-TAIL_LINES = 8
 MAX_VALUE_CHARS = 80  # longer lists/mappings are left to the JSON log
 READY_SHOWN = 60
 
@@ -89,15 +87,20 @@ def _summary(event: dict[str, Any]) -> dict[str, Any]:
 
 
 def _below(event: dict[str, Any]) -> list[str]:
-    """Lines printed under the event: config errors, the stderr tail of an unexpected exit."""
+    """Lines printed under the event: config errors. A worker's stderr tail (`last_lines`) is not:
+    each of its lines was printed as it came (server_output); repeating it under server_exited and
+    again under server_backoff/server_fatal printed a traceback three times."""
     lines = event.get("error_lines")
-    if isinstance(lines, list):
-        return [str(line) for line in lines]
+    return [str(line) for line in lines] if isinstance(lines, list) else []
+
+
+def _last_error(event: dict[str, Any]) -> str | None:
+    """The last line a worker wrote to stderr before an unexpected exit: the exception, usually."""
     tail = event.get("last_lines")
-    if isinstance(tail, dict) and not event.get("expected", False):
-        stderr = [str(line) for line in tail.get("stderr") or []]
-        return stderr[-TAIL_LINES:]
-    return []
+    if event.get("event") != "server_exited" or not isinstance(tail, dict) or event.get("expected", False):
+        return None
+    stderr = [str(line).strip() for line in tail.get("stderr") or [] if str(line).strip()]
+    return stderr[-1] if stderr else None
 
 
 def compact(event: Mapping[str, Any], *, with_date: bool = False) -> dict[str, Any]:
@@ -129,6 +132,9 @@ def compact(event: Mapping[str, Any], *, with_date: bool = False) -> dict[str, A
             continue
         out[key] = value
     out.update({k: v for k, v in summary.items() if v is not None})
+    last_error = _last_error(dict(event))
+    if last_error is not None:
+        out["last_error"] = last_error
     below = _below(dict(event))
     exception = event.get("exception")
     if isinstance(exception, list):  # structlog's dict_tracebacks form, as stored in the JSON log

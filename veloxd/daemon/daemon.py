@@ -18,13 +18,21 @@ from typing import Any
 from veloxd import __version__
 from veloxd.daemon import messages as m
 from veloxd.daemon.control import CONTROL_SOCKET_ENV, ControlServer, remove_private_dir
-from veloxd.daemon.logs import get_logger, log_file_id, reopen_logs, take_reopened
+from veloxd.daemon.logs import (
+    get_logger,
+    log_file_id,
+    log_write_status,
+    reopen_logs,
+    take_reopened,
+    take_write_failure,
+)
 from veloxd.daemon.models import ModelDirs
 from veloxd.daemon.ondemand import OnDemand
 from veloxd.daemon.orphans import end_orphans
 from veloxd.daemon.process import Lifeline, process_start_time
 from veloxd.daemon.reload import ConfigSource, Invalid, Unchanged, Valid
 from veloxd.daemon.server import wall_clock
+from veloxd.daemon.shutdown import forces_kill
 from veloxd.daemon.sidecar import DashboardSidecar, web_command
 from veloxd.daemon.statefile import SCHEMA_VERSION, read_state, write_state
 from veloxd.daemon.supervisor import Supervisor, WorkerSpawner
@@ -54,9 +62,11 @@ class Daemon:
         self.config: Any = None
         self.last_reload: dict[str, Any] | None = None
         self._stopping = False
+        self._stop_signal_at: float | None = None
         self._follow_up = False
         self._waiting_replies: list[m.Reply] = []
         self._config_debounce = Debounce(DEBOUNCE_QUIET_S, DEBOUNCE_MAX_S)
+        self._file_changes = 0  # changes of the config seen since the last reload read it
         self.models = ModelDirs()
         self._config_sig = stat_signature(options.config_path)
         self._next_poll = 0.0
@@ -173,10 +183,14 @@ class Daemon:
 
     def _shutdown(self, signum: int, now: float) -> None:
         if self._stopping:  # a second signal: do not wait for the grace periods
+            if not forces_kill(self._stop_signal_at, now):  # the same Ctrl-C, forwarded by a wrapper
+                self.log.info("daemon_signal_merged", signal=signal.Signals(signum).name)
+                return
             for server in [*self.supervisor.servers.values(), *self.dashboard.supervisor.servers.values()]:
                 server.kill_now()
             return
         self._stopping = True
+        self._stop_signal_at = now
         self.log.info("daemon_stopping", pid=os.getpid(), signal=signal.Signals(signum).name)
         self.supervisor.stop_all(now)
         self.dashboard.supervisor.stop_all(now)
@@ -203,6 +217,9 @@ class Daemon:
     def _timers(self, now: float) -> None:
         if take_reopened():  # the handler reopened a moved or deleted log file: say so in the new one
             self.log.info("log_reopened", log_file=str(self.options.log_file), reason="moved_or_deleted")
+        failure = take_write_failure()
+        if failure is not None:  # lost from the file, but seen on the console, the dashboard and in status
+            self.log.error("log_write_failed", **failure)
         self.supervisor.tick(now)
         self.dashboard.supervisor.tick(now)
         if self._stopping:
@@ -216,7 +233,7 @@ class Daemon:
                 self._config_sig = signature
                 self._config_debounce.poke(now)
         if self._config_debounce.due(now):
-            self._config_debounce.clear()
+            self._file_changes += self._config_debounce.clear()
             self._request_reload(now, "watch", None)
         if self._follow_up and not self.supervisor.busy:
             self._follow_up = False
@@ -240,22 +257,26 @@ class Daemon:
         self._waiting_replies.clear()
         self._config_sig = stat_signature(self.options.config_path)
         outcome = self.source.read()
+        changes, self._file_changes = self._file_changes, 0
         if isinstance(outcome, Unchanged):
             self.log.info("config_unchanged", source=source, config_sha256=outcome.sha256)
             self.supervisor.recheck_waiting(now)  # the file is the same; the world may not be
             answer: dict[str, Any] = {"ok": True, "unchanged": True, "config_sha256": outcome.sha256}
         elif isinstance(outcome, Invalid):
-            answer = self._rejected(outcome, source)
+            answer = self._rejected(outcome, source, changes)
         else:
             answer = self._apply(outcome, source, now)
         for waiting in replies:
             waiting.send(answer)
 
-    def _rejected(self, outcome: Invalid, source: str) -> dict[str, Any]:
+    def _rejected(self, outcome: Invalid, source: str, changes: int = 0) -> dict[str, Any]:
+        """The file as it stands is what counts (docs/daemon.md): the versions a burst of edits went
+        through are not read, and `file_changes` says how many this refusal stands for."""
         kept = self.config.sha256 if self.config is not None else None
         self.log.error(
             "config_reload_failed",
             source=source,
+            file_changes=changes,
             config_path=str(self.source.path),
             config_sha256=outcome.sha256,
             kept_config_sha256=kept,
@@ -269,6 +290,7 @@ class Daemon:
             "config_sha256": outcome.sha256,
             "kept_config_sha256": kept,
             "errors": outcome.lines,
+            "file_changes": changes,
         }
         return {"ok": False, "errors": outcome.lines, "kept_config_sha256": kept}
 
@@ -316,6 +338,8 @@ class Daemon:
                 "control_socket": str(self.control.path),
                 "log_file": str(options.log_file) if options.log_file else None,
                 "log_file_id": log_file_id(),  # [device, inode] written to: `veloxd logs` compares
+                "log_write": log_write_status(),  # records the log file lost, and since when while it fails
+                "state_write_error": self._write_error,  # seen by `veloxd status` through the control socket
                 "worker_command": options.worker_command,
                 "stopping": self._stopping,
             },

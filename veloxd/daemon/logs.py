@@ -3,18 +3,14 @@
 Standard-library loggers (watchdog's, for instance) go through the same processors, so every
 line of the log has `timestamp` (ISO-8601 UTC), `level`, `event` and `logger`. The file is
 always JSON; stdout gets `console` lines (veloxd/daemon/console.py) or the same JSON.
-
-The file survives rotation by others (logrotate, newsyslog, a user deleting it): before each
-write the handler compares the path's device and inode with the open file's, as the stdlib's
-WatchedFileHandler does, and reopens the path when they differ; SIGHUP reopens it too.
+The file's handler (veloxd/daemon/logfile.py) follows rotation by others and counts the records
+it could not write.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import logging.handlers
-import os
 import sys
 import threading
 from collections import deque
@@ -24,6 +20,7 @@ from typing import Any, Literal
 import structlog
 
 from veloxd.daemon.console import ConsoleProcessor, use_colors
+from veloxd.daemon.logfile import ReopeningFileHandler
 
 FIXED_KEYS = ("timestamp", "level", "event", "logger")
 MAX_BYTES = 10 * 1024 * 1024
@@ -31,57 +28,6 @@ BACKUPS = 5
 RECENT_EVENTS = 2000  # kept in memory for the dashboard's log tail
 LOG_FORMATS = ("auto", "console", "json")
 LogFormat = Literal["auto", "console", "json"]
-
-
-class ReopeningFileHandler(logging.handlers.RotatingFileHandler):
-    """Size rotation of our own, plus WatchedFileHandler's reopen when the path names another file.
-
-    One stat per record: cheap next to the JSON rendering. Reopening recreates a deleted
-    directory too, so a cleaned-up log folder does not silence the daemon.
-    """
-
-    def __init__(self, filename: Path, max_bytes: int, backups: int) -> None:
-        self._ident: tuple[int, int] | None = None  # before super().__init__, which opens the file
-        self.reopened = 0  # how often the path was found moved or deleted
-        super().__init__(filename, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
-
-    def _open(self) -> Any:
-        Path(self.baseFilename).parent.mkdir(parents=True, exist_ok=True)
-        stream = super()._open()
-        info = os.fstat(stream.fileno())
-        self._ident = (info.st_dev, info.st_ino)
-        return stream
-
-    def emit(self, record: logging.LogRecord) -> None:
-        try:
-            info = os.stat(self.baseFilename)
-            moved = (info.st_dev, info.st_ino) != self._ident
-        except FileNotFoundError:
-            moved = True
-        except OSError:
-            moved = False
-        if moved and self.stream is not None:
-            self.reopened += 1
-            self.reopen()
-        super().emit(record)
-
-    def reopen(self) -> None:
-        """Close the stream and open the path again (created if missing)."""
-        self.acquire()
-        try:
-            if self.stream is not None:
-                self.stream.flush()
-                self.stream.close()
-            self.stream = None
-            self.stream = self._open()
-        except OSError:
-            self.stream = None  # opened lazily on the next record; handleError reports it
-        finally:
-            self.release()
-
-    @property
-    def ident(self) -> tuple[int, int] | None:
-        return self._ident
 
 
 def _file_handlers() -> list[ReopeningFileHandler]:
@@ -110,6 +56,17 @@ def log_file_id() -> list[int] | None:
         if handler.ident is not None:
             return list(handler.ident)
     return None
+
+
+def log_write_status() -> dict[str, Any] | None:
+    """Records the log file lost (in total, and in the current spell of failures), for the state file."""
+    handlers = _file_handlers()
+    return handlers[0].write_status() if handlers else None
+
+
+def take_write_failure() -> dict[str, Any] | None:
+    """A log file failure not yet reported (once per distinct error), for `log_write_failed`."""
+    return next(filter(None, (h.take_failure() for h in _file_handlers())), None)
 
 
 def _shared_processors() -> list[Any]:

@@ -157,6 +157,7 @@ class OnDemand:
             )
         # A stopping server is in the stop set, so the start waits for its exit whatever stops it.
         stop = set(unload) | ({name} if server.state is S.STOPPING else set())
+        server.start_on_demand()  # counted as a start, not a restart (RESTARTS, veloxd_server_restarts_total)
         self.supervisor.begin(Rollout(stop=stop, start={name: None}, reason="on_demand"), now)
         return {"ok": True, "state": server.state.value}
 

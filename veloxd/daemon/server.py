@@ -69,7 +69,10 @@ class ServerProcess:
         self.since = wall_clock()
         self.child: Child | None = None
         self.spawn_id = 0
-        self.starts = 0
+        self.starts = 0  # every worker spawned
+        self.restarts = 0  # spawns after the first that no on-demand request asked for (crashes, reloads, restarts)
+        self.on_demand_starts = 0  # spawns a request to a stopped on_demand server asked for
+        self._fresh_start: str | None = "first"  # what the next spawn is when it is not a restart
         self.failures: list[float] = []
         self.last_exit: dict[str, Any] | None = None
         self.ready_payload: dict[str, Any] | None = None
@@ -148,6 +151,9 @@ class ServerProcess:
         self.waiting_for, self._rechecks = [], 0
         self.spawn_id += 1
         self.starts += 1
+        self.restarts += self._fresh_start is None
+        self.on_demand_starts += self._fresh_start == "on_demand"
+        self._fresh_start = None
         try:
             self.child = self._spawner.spawn(self.name, self.spawn_id, entry)
         except OSError as err:
@@ -191,6 +197,10 @@ class ServerProcess:
             self._kill_at = now + self.entry.stop_timeout_s
             return
         self._become(S.STOPPED, exit=self.last_exit)
+
+    def start_on_demand(self) -> None:
+        """The next spawn is asked by a request (the gateway's admission): a start, not a restart."""
+        self._fresh_start = "on_demand"
 
     def kill_now(self) -> None:
         """Second shutdown signal: SIGKILL without waiting for the grace period."""
@@ -374,7 +384,9 @@ class ServerProcess:
             "method": entry.method,
             "model": entry.model,
             "since": self.since,
-            "restarts": max(self.starts - 1, 0),
+            "restarts": self.restarts,
+            "starts": self.starts,
+            "on_demand_starts": self.on_demand_starts,
             "failures": len(self.failures),
             "last_exit": self.last_exit,
             "fatal_reason": self.fatal_reason,

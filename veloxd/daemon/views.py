@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
+from veloxd.daemon.exitcodes import exit_code
 from veloxd.daemon.process import is_same_process
 from veloxd.download.progress import summary
 
@@ -68,6 +69,26 @@ def group_text(group: dict[str, Any]) -> str:
     return head + ": " + ", ".join(f"rank {r.get('rank')} pid {r.get('pid')} on {r.get('host') or '?'}" for r in ranks)
 
 
+def log_write_lines(log_write: dict[str, Any] | None) -> list[str]:
+    """The log file's health: records being lost now, or lost earlier (see log_write_recovered)."""
+    if not log_write or not log_write.get("lost_records_total"):
+        return []
+    total = log_write["lost_records_total"]
+    if log_write.get("failing"):
+        return [
+            f"log: cannot write {log_write.get('log_file')} since {log_write.get('failed_since')} "
+            f"({log_write.get('error')}); {log_write.get('lost_records')} records lost so far (servers unaffected)"
+        ]
+    return [f"log: {total} records could not be written earlier (log_write_recovered in the log says when)"]
+
+
+def fatal_text(server: dict[str, Any]) -> str:
+    """Why a server is FATAL, with the worker's last error line when the reason does not already say it."""
+    reason = str(server["fatal_reason"])
+    last = (server.get("last_exit") or {}).get("error") or server.get("last_error")
+    return f"{reason}; last error: {last}" if last and str(last) not in reason else reason
+
+
 def render_status(state: dict[str, Any]) -> str:
     """The human view: daemon line, config and last reload, then one row per server."""
     daemon = state.get("daemon") or {}
@@ -87,8 +108,13 @@ def render_status(state: dict[str, Any]) -> str:
                 else "FAILED, and no config was valid before: no server runs"
             )
         )
-        lines.append(f"last reload: {verdict} at {reload.get('at')} ({reload.get('source')})")
+        changes = reload.get("file_changes") or 0
+        burst = f", {changes} changes of the file merged: only its content now counts" if changes > 1 else ""
+        lines.append(f"last reload: {verdict} at {reload.get('at')} ({reload.get('source')}{burst})")
         lines += [f"  {error}" for error in reload.get("errors") or []]
+    lines += log_write_lines(daemon.get("log_write"))
+    if daemon.get("state_write_error"):
+        lines.append(f"state file: cannot be written ({daemon['state_write_error']}); shown as the daemon answered")
     dashboard = state.get("dashboard")
     gateway = (state.get("servers") or {}).get("@gateway")  # serves the dashboard when there is one
     if dashboard:
@@ -108,7 +134,7 @@ def render_status(state: dict[str, Any]) -> str:
         lines.append("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=False)).rstrip())
     for name, server in (state.get("servers") or {}).items():
         if server.get("fatal_reason") and server.get("state") == "fatal":
-            lines.append(f"{name}: {server['fatal_reason']}")
+            lines.append(f"{name}: {fatal_text(server)}")
         download = server.get("download")
         if server.get("state") == "downloading":
             progress = (
@@ -131,19 +157,9 @@ def render_status(state: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-EXIT_READY, EXIT_NOT_RUNNING, EXIT_NOT_READY = 0, 1, 3
-
-
 def status_code(state: dict[str, Any] | None) -> int:
-    """0 every server ready with nothing queued; 1 the daemon is not running; 3 it runs but something is not as configured."""
-    if state is None or not daemon_alive(state):
-        return EXIT_NOT_RUNNING
-    servers = state.get("servers") or {}
-    reload = state.get("last_reload") or {}
-    if state.get("degraded") or not reload.get("ok", True):
-        return EXIT_NOT_READY
-    settled = all(s.get("state") == "ready" and not s.get("pending") for s in servers.values())
-    return EXIT_READY if settled else EXIT_NOT_READY
+    """`veloxd status`'s exit code (the table in veloxd/daemon/exitcodes.py)."""
+    return exit_code(state, state is not None and daemon_alive(state))
 
 
 # ---- logs ------------------------------------------------------------------------------

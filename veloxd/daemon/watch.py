@@ -31,11 +31,13 @@ class Debounce:
         self.max_wait_s = max_wait_s
         self._first: float | None = None
         self._last = 0.0
+        self._pokes = 0
 
     def poke(self, now: float) -> None:
         if self._first is None:
             self._first = now
         self._last = now
+        self._pokes += 1
 
     @property
     def pending(self) -> bool:
@@ -50,8 +52,10 @@ class Debounce:
         deadline = self.deadline()
         return deadline is not None and now >= deadline
 
-    def clear(self) -> None:
-        self._first = None
+    def clear(self) -> int:
+        """Start over; returns how many pokes this round merged (a burst of edits: one reload)."""
+        pokes, self._first, self._pokes = self._pokes, None, 0
+        return pokes
 
 
 def stat_signature(path: Path) -> tuple[int, ...] | None:
@@ -95,6 +99,25 @@ def watch_path(path: Path) -> Path:
     return Path(os.path.realpath(path.parent)) / path.name
 
 
+def link_chain(path: Path, limit: int = 40) -> list[Path]:
+    """The symlinks `path` goes through to reach what it names, itself first ([] when it is none).
+
+    A model path may be a link to a link (`current -> v -> v1`): swapping the inner one changes
+    what the path names without an event in the path's own directory, so each link's directory
+    is watched too.
+    """
+    links: list[Path] = []
+    current = Path(os.path.abspath(path))
+    for _ in range(limit):  # the kernel's own limit on links followed (ELOOP beyond)
+        try:
+            target = os.readlink(current)
+        except OSError:
+            break
+        links.append(current)
+        current = Path(os.path.abspath(current.parent / target))
+    return links
+
+
 class _Handler(FileSystemEventHandler):
     def __init__(self, watcher: Watcher) -> None:
         self._watcher = watcher
@@ -126,6 +149,7 @@ class Watcher:
         self._handler = _Handler(self)
         self._watches: dict[Path, tuple[Any, int]] = {}  # directory -> (watch, inode watched)
         self._model_dirs: frozenset[Path] = frozenset()
+        self._links: dict[Path, Path] = {}  # an inner symlink of a model path -> that model path
 
     def start(self) -> None:
         self._observer.start()
@@ -147,8 +171,13 @@ class Watcher:
     def sync_models(self) -> None:
         """Watch each model path and its parent as they are now (the loop calls this on its poll)."""
         wanted = {self.config_path.parent}
+        links: dict[Path, Path] = {}
         for path in self._model_dirs:
             wanted |= {path, path.parent}
+            for link in link_chain(path)[1:]:  # the path itself is seen through its parent's watch
+                links[watch_path(link)] = path
+                wanted.add(watch_path(link).parent)
+        self._links = links  # one assignment: the observer thread reads it
         for directory in set(self._watches) - wanted:
             self._unwatch(directory)
         for directory in wanted:
@@ -163,6 +192,9 @@ class Watcher:
             for candidate in (Path(path), Path(path).parent):
                 if candidate in self._model_dirs:
                     self._inbox.put(m.ModelTouched(str(candidate)))
+            linked = self._links.get(Path(path))
+            if linked is not None:
+                self._inbox.put(m.ModelTouched(str(linked)))
 
     def _watch(self, directory: Path) -> bool:
         try:
@@ -174,6 +206,9 @@ class Watcher:
         if known is not None and known[1] == inode:
             return True
         self._unwatch(directory)  # the path names another directory now: re-aim the watch
+        if known is not None and directory in self._model_dirs:
+            # Seen by the poll, not by an event (a link swapped where no watch looks): say so.
+            self._inbox.put(m.ModelTouched(str(directory)))
         try:
             self._watches[directory] = (self._observer.schedule(self._handler, str(directory), recursive=False), inode)
         except OSError:

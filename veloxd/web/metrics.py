@@ -53,6 +53,7 @@ class VeloxdCollector:
                 "1 when the last reload of veloxd.yaml was accepted.",
                 [([], 1.0 if last_reload.get("ok") else 0.0)],
             )
+        yield from self._log_writes(monitor.state.get("daemon") or {}) if monitor.reachable else ()
         servers = list(monitor.servers.values())
         yield from self._servers(servers)
         yield from self._requests(servers)
@@ -77,10 +78,26 @@ class VeloxdCollector:
         yield info
         yield _counter(
             "veloxd_server_restarts",
-            "Worker starts after the first one (crashes, reloads, restarts).",
+            "Worker starts after the first one that no request asked for (crashes, reloads, restarts); "
+            "on-demand starts are not restarts.",
             [([s["name"]], s["restarts"]) for s in servers],
             labels=["server"],
         )
+        snapshots = self.monitor.state.get("servers") or {}
+        for name, key, doc in (
+            ("veloxd_server_starts", "starts", "Worker starts of every kind: the first, on-demand starts, restarts."),
+            (
+                "veloxd_server_on_demand_starts",
+                "on_demand_starts",
+                "Starts of an on_demand server that a request asked for (after idle unloads, among others).",
+            ),
+        ):
+            yield _counter(
+                name,
+                doc,
+                [([s["name"]], (snapshots.get(s["name"]) or {}).get(key)) for s in servers],
+                labels=["server"],
+            )
         yield _gauge(
             "veloxd_server_startup_seconds",
             "Seconds from spawn to ready at the worker's last start.",
@@ -116,6 +133,22 @@ class VeloxdCollector:
             "Resident memory of the worker and its child processes.",
             [([s["name"]], s["rss_bytes"]) for s in servers],
             labels=["server"],
+        )
+
+    def _log_writes(self, daemon: dict[str, Any]) -> Iterator[Metric]:
+        """The daemon's log file: records it could not write (full disk, removed or read-only directory)."""
+        log_write = daemon.get("log_write")
+        if not isinstance(log_write, dict):
+            return
+        yield _counter(
+            "veloxd_log_records_lost",
+            "Log records the daemon could not write to its log file (log_write_recovered says when).",
+            [([], log_write.get("lost_records_total", 0))],
+        )
+        yield _gauge(
+            "veloxd_log_write_failing",
+            "1 while the daemon cannot write its log file.",
+            [([], 1.0 if log_write.get("failing") else 0.0)],
         )
 
     def _requests(self, servers: list[dict[str, Any]]) -> Iterator[Metric]:
