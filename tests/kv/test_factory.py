@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import pytest
 from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models import llama
 
 from veloxd.kv import KVCacheConfig, make_caches
 from veloxd.kv.base import VeloxCache
+from veloxd.kv.factory import per_request
 
 
 def tiny_llama(layer_types: list[str] | None = None) -> llama.Model:
@@ -53,20 +55,35 @@ def test_sliding_window_layers_keep_their_native_cache():
     assert logits.shape == (1, 12, 97)
 
 
-def test_patched_instance_make_cache_does_not_recurse():
-    """The worker sets model.make_cache to a closure over make_caches; the factory reads the class."""
+def test_the_workers_instance_make_cache_is_skipped_and_does_not_recurse():
+    """The worker sets model.make_cache to `per_request`; the factory's lookup skips it."""
+    model = tiny_llama()
+    model.make_cache = per_request(model, KVCacheConfig("affine", bits=4))
+    caches = mlx_cache.make_prompt_cache(model)
+    assert len(caches) == 2 and all(isinstance(c, VeloxCache) for c in caches)
+
+
+def test_a_foreign_instance_make_cache_calling_make_caches_is_refused_not_recursed():
+    """Someone else's closure over make_caches would recurse: a clear error names the way out."""
     model = tiny_llama()
     config = KVCacheConfig("affine", bits=4)
     calls = []
 
-    def per_request():
+    def foreign():
         calls.append(1)
         return make_caches(model, config)
 
-    model.make_cache = per_request
-    caches = mlx_cache.make_prompt_cache(model)
-    assert len(calls) == 1
-    assert len(caches) == 2 and all(isinstance(c, VeloxCache) for c in caches)
+    model.make_cache = foreign
+    with pytest.raises(ValueError, match="calls back into veloxd's make_caches; set it with"):
+        mlx_cache.make_prompt_cache(model)
+    assert len(calls) == 2  # the outer call, then once from the factory's lookup
+
+
+def test_an_instance_make_cache_gives_the_cache_kinds():
+    model = tiny_llama()
+    model.make_cache = lambda: [mlx_cache.RotatingKVCache(max_size=8), mlx_cache.KVCache()]
+    caches = make_caches(model, KVCacheConfig("affine", bits=8))
+    assert type(caches[0]) is mlx_cache.RotatingKVCache and isinstance(caches[1], VeloxCache)
 
 
 def test_compressed_attention_matches_fp16_closely_at_8_bits():
