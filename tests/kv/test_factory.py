@@ -113,3 +113,44 @@ def test_saved_compressed_cache_loads_back_in_a_fresh_process(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "['KIVICache', 'KIVICache'] [40, 40]", out.stderr
+
+
+def test_a_request_after_wiring_reads_no_model_source(monkeypatch):
+    """Routing is installed once at wiring; a request (make_cache, make_prompt_cache) touches no inspect."""
+    import inspect
+
+    from veloxd.kv import attention
+    from veloxd.serve.wiring import wire_caches
+
+    attention.module_verdict.cache_clear()  # so wiring really reads the sources, as at a worker's start
+    reads: list[object] = []
+    real = inspect.getsource
+
+    def recording(obj, *args, **kwargs):
+        reads.append(obj)
+        return real(obj, *args, **kwargs)
+
+    monkeypatch.setattr(inspect, "getsource", recording)
+    model = tiny_llama()
+    config = KVCacheConfig("affine", bits=4)
+    wire_caches(model, config)
+    assert reads, "wiring must read the model's source to route it (else this test proves nothing)"
+    reads.clear()
+    for caches in (model.make_cache(), mlx_cache.make_prompt_cache(model), make_caches(model, config)):
+        assert len(caches) == 2 and all(isinstance(c, VeloxCache) for c in caches)
+    assert reads == []
+
+
+def test_install_reads_each_module_once_per_process(monkeypatch):
+    import inspect
+
+    from veloxd.kv import attention
+
+    attention.module_verdict.cache_clear()
+    reads: list[object] = []
+    real = inspect.getsource
+    monkeypatch.setattr(inspect, "getsource", lambda obj, *a, **k: reads.append(obj) or real(obj, *a, **k))
+    attention.install(tiny_llama())
+    first = len(reads)
+    attention.install(tiny_llama())
+    assert first >= 1 and len(reads) == first

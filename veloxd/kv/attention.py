@@ -9,7 +9,8 @@ Which modules make up a model is read from the model's own module tree (a wrappe
 smollm3 or mistral3 has no attention of its own; the llama or ministral3 modules it builds do).
 A model whose attention veloxd cannot compute from a compressed cache is refused with the true
 reason (`refusal_reason`): the fused kernel called directly, attention computed by hand (with
-or without logit soft-capping), or attention-sink logits. It is never served uncompressed.
+or without logit soft-capping), attention-sink logits, or one layer's cache read back as arrays
+by later layers. It is never served uncompressed.
 Each module's source is read once per process (`module_verdict` is memoized), and routing is
 installed once at wiring: a request builds caches without reading any source.
 """
@@ -35,10 +36,17 @@ FUSED = "computes attention with MLX's fused kernel directly"
 SOFTCAP = "applies attention logit soft-capping (tanh on the attention scores), which veloxd caches do not apply"
 BY_HAND = "computes attention by hand, not through mlx_lm's scaled_dot_product_attention"
 SINKS = "uses attention-sink logits (gpt-oss style: a learned extra softmax column), which veloxd caches do not model"
+KV_READ_BACK = (
+    "reads an earlier layer's cached keys and values back as arrays (KV sharing), which veloxd's compressed "
+    "caches do not give out"
+)
+# Not a module verdict: the factory's, for eviction methods on a model with fewer caches than layers.
+KV_SHARED = "shares one layer's cache with later layers (KV sharing), which an eviction policy cannot serve"
 NO_ATTENTION = "has no attention through mlx_lm's scaled_dot_product_attention (nothing veloxd could compress)"
 _SINKS_PASSED = re.compile(r"\bsinks=(?!None\b)")
 _HAND_SOFTMAX = re.compile(r"softmax\(\s*scores")
 _HAND_SOFTCAP = re.compile(r"tanh\(\s*scores")
+_KV_READBACK = ".keys_and_values()"  # gemma3n: shared layers read an earlier layer's cache as arrays
 
 
 def dispatch_attention(queries, keys, values, cache, scale, mask, sinks=None):
@@ -75,6 +83,8 @@ def classify(source: str, binds_patchable: bool) -> str | None:
         return None  # a wrapper (or a module without attention): the modules it builds decide
     if _SINKS_PASSED.search(source):
         return SINKS
+    if _KV_READBACK in source:
+        return KV_READ_BACK
     return None
 
 
@@ -92,7 +102,7 @@ def refusal_reason(modules: list[ModuleType]) -> tuple[str, list[ModuleType]] | 
         verdict = module_verdict(module.__name__)
         if verdict is not None:
             by_reason.setdefault(verdict, []).append(module)
-    for reason in (FUSED, SOFTCAP, BY_HAND, SINKS):  # the most fundamental reason first
+    for reason in (FUSED, SOFTCAP, BY_HAND, SINKS, KV_READ_BACK):  # the most fundamental reason first
         if reason in by_reason:
             return reason, by_reason[reason]
     if not any(hasattr(m, _PATCHED) for m in modules):

@@ -18,7 +18,7 @@ from typing import Any
 from mlx_lm.models import cache as mlx_cache
 
 from veloxd.kv import registry
-from veloxd.kv.attention import install, model_type
+from veloxd.kv.attention import KV_SHARED, install, model_type
 from veloxd.kv.base import LayerSpec
 from veloxd.kv.config import KVCacheConfig
 
@@ -76,14 +76,26 @@ def cache_class(method: str) -> type:
     return getattr(importlib.import_module(module_name), class_name)
 
 
-def plain_layers(native: list[Any], model_type_name: str) -> list[int]:
-    """Indexes of the layers a veloxd cache replaces (mlx_lm's plain KVCache); ValueError if none."""
+def plain_layers(model: Any, native: list[Any], method: str) -> list[int]:
+    """Indexes of the layers a veloxd cache replaces (mlx_lm's plain KVCache); ValueError if `method` cannot.
+
+    Fewer caches than layers means later layers attend over an earlier layer's cache (KV sharing,
+    Gemma 4): a quantizer's attention serves any layer's queries, an eviction policy scores only
+    its own layer's, so it is refused.
+    """
+    name = model_type(model)
     plain = [i for i, c in enumerate(native) if type(c) is mlx_cache.KVCache]
     if not plain:
         kinds = sorted({type(c).__name__ for c in native})
         raise ValueError(
-            f"model type '{model_type_name}' has no plain attention layer to compress (its caches: "
+            f"model type '{name}' has no plain attention layer to compress (its caches: "
             f"{', '.join(kinds) or 'none'}). Serve it with method fp16, or pick another model."
+        )
+    if registry.get(method).evicts and len(native) < len(model.layers):
+        raise ValueError(
+            f"model type '{name}' {KV_SHARED}: {len(model.layers) - len(native)} of its {len(model.layers)} "
+            f"layers attend over an earlier layer's cache, and method {method} evicts by its own layer's "
+            "attention only. Serve it with a quantization method (affine, kivi, turboquant_*, qjl) or fp16."
         )
     return plain
 
@@ -94,7 +106,7 @@ def build_caches(model: Any, config: KVCacheConfig) -> list[Any]:
     if config.method == "fp16":
         return native
     cls = cache_class(config.method)
-    plain = plain_layers(native, model_type(model))
+    plain = plain_layers(model, native, config.method)
     caches = list(native)
     for position, layer_index in enumerate(plain):
         caches[layer_index] = cls(config, LayerSpec(position, len(plain)))

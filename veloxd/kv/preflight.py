@@ -14,6 +14,7 @@ cache applies when built.
 from __future__ import annotations
 
 import copy
+import sys
 from typing import Any
 
 from veloxd.kv.config import KVCacheConfig
@@ -37,22 +38,26 @@ def check(config: dict[str, Any], kv: KVCacheConfig) -> None:
     """ValueError naming the reason when `kv` cannot serve the model config.json describes."""
     if kv.method == "fp16":
         return
-    from veloxd.kv.attention import check_routable
+    from veloxd.kv.attention import check_routable, module_verdict, refusal
     from veloxd.kv.factory import cache_class, native_caches, plain_layers
 
     name = str(config.get("model_type"))
-    skeleton = model_skeleton(config)
+    model_class, skeleton = model_skeleton(config)
     if skeleton is not None:
         check_routable(skeleton, name)
-        plain_layers(native_caches(skeleton), name)
+        plain_layers(skeleton, native_caches(skeleton), kv.method)
+    else:  # config.json too incomplete to build: judge the top module alone, the load reports the rest
+        verdict = module_verdict(model_class.__module__)
+        if verdict is not None:
+            raise refusal(name, verdict, [sys.modules[model_class.__module__]])
     dims = head_dims(config)
     if dims is not None:
         cls: Any = cache_class(kv.method)
         cls.check_head_dims(kv, *dims)
 
 
-def model_skeleton(config: dict[str, Any]) -> Any:
-    """The model config.json describes, parameters unevaluated; None if mlx_lm cannot build it.
+def model_skeleton(config: dict[str, Any]) -> tuple[type, Any]:
+    """(Model class, the model config.json describes with parameters unevaluated, or None if mlx_lm cannot build it).
 
     A config mlx_lm's ModelArgs or Model rejects is the load's error to report, with its own message.
     """
@@ -63,6 +68,6 @@ def model_skeleton(config: dict[str, Any]) -> Any:
     except ValueError as err:  # mlx_lm does not know this architecture at all
         raise ValueError(f"unsupported architecture: {err}") from None
     try:
-        return model_class(args_class.from_dict(copy.deepcopy(config)))  # from_dict may edit nested dicts
+        return model_class, model_class(args_class.from_dict(copy.deepcopy(config)))  # from_dict may edit nested dicts
     except Exception:
-        return None
+        return model_class, None
