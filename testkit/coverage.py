@@ -46,7 +46,7 @@ class Cell:
     method: str
     refusal: str | None = None  # the pre-load check's reason
     kl: float = math.nan  # mean KL(fp16 || method) over the decode steps
-    agreement: float = math.nan  # fraction of decode steps whose top-1 token matches fp16's
+    agreement: float = math.nan  # fraction of decode steps whose top-1 token is fp16's (ties: see compare)
 
 
 def methods() -> list[str]:
@@ -99,11 +99,20 @@ def run(model: Any, config: KVCacheConfig, prompt: list[int], forced: list[int] 
     return fed, lps
 
 
+TIE_NATS = 0.1  # a token fp16 rates within this of its best is as greedy a choice as its argmax
+
+
 def compare(ref: list[Any], got: list[Any]) -> tuple[float, float]:
+    """(mean KL(fp16 || method), greedy agreement) over the steps.
+
+    Random weights give flat next-token distributions whose top two often differ by hundredths of
+    a nat, so agreement counts the method's top-1 as fp16's when fp16 rates it within TIE_NATS of
+    its own top-1 (a tie in the reference, not a change of the greedy choice).
+    """
     import mlx.core as mx
 
     kls = [float((mx.exp(p) * (p - q)).sum().item()) for p, q in zip(ref, got)]
-    agree = [int(mx.argmax(p).item() == mx.argmax(q).item()) for p, q in zip(ref, got)]
+    agree = [int(p.max().item() - p[mx.argmax(q)].item() <= TIE_NATS) for p, q in zip(ref, got)]
     return sum(kls) / len(kls), sum(agree) / len(agree)
 
 

@@ -137,24 +137,25 @@ def families() -> list[str]:
     return [*_FAMILIES, "gemma3n"]
 
 
-def config(family: str) -> dict[str, Any]:
+def config(family: str, vocab: int = VOCAB) -> dict[str, Any]:
     """The family's tiny config.json (a fresh dict)."""
+    sizes = {"vocab_size": vocab}
     if family == "gemma3n":
-        text = {**_BASE, **_GEMMA3N_TEXT, "model_type": "gemma3n_text"}
+        text = {**_BASE, **_GEMMA3N_TEXT, "model_type": "gemma3n_text", "vocab_size_per_layer_input": vocab, **sizes}
         return {"model_type": "gemma3n", "text_config": copy.deepcopy(text)}
     if family == "mistral3":
-        text = {**config("ministral3"), "tie_word_embeddings": True}
+        text = {**config("ministral3", vocab), "tie_word_embeddings": True}
         return {"model_type": "mistral3", "architectures": ["Mistral3ForConditionalGeneration"], "text_config": text}
-    return copy.deepcopy({"model_type": family, **_BASE, **_FAMILIES[family]})
+    return copy.deepcopy({"model_type": family, **_BASE, **_FAMILIES[family], **sizes})
 
 
-def build(family: str, seed: int = 0) -> Any:
+def build(family: str, seed: int = 0, vocab: int = VOCAB) -> Any:
     """The family's model with random weights (evaluated), as mlx_lm's load would build it."""
     import mlx.core as mx
 
     from veloxd.serve.mlx_compat import model_classes
 
-    cfg = config(family)
+    cfg = config(family, vocab)
     model_class, args_class = model_classes(cfg)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(cfg))
@@ -162,17 +163,20 @@ def build(family: str, seed: int = 0) -> Any:
     return model
 
 
-def write_model_dir(family: str, path: str | Path, seed: int = 0) -> Path:
-    """A model directory (config.json, model.safetensors, tokenizer) `veloxd serve` can load."""
+def write_model_dir(family: str, path: str | Path, seed: int = 0, vocab: int = 512) -> Path:
+    """A model directory (config.json, model.safetensors, tokenizer) `veloxd serve` can load.
+
+    The vocabulary is testkit's byte-level BPE, larger than 256 (its alphabet alone is).
+    """
     import mlx.core as mx
     from mlx.utils import tree_flatten
 
     from testkit.tinymodel import write_tokenizer
 
     path = Path(path)
-    write_tokenizer(path, VOCAB)
-    weights = dict(tree_flatten(build(family, seed).parameters()))
+    write_tokenizer(path, vocab)
+    weights = dict(tree_flatten(build(family, seed, vocab).parameters()))
     mx.save_safetensors(str(path / "model.safetensors"), weights, metadata={"format": "mlx"})
-    cfg = {**config(family), "bos_token_id": 1, "eos_token_id": 2}
+    cfg = {**config(family, vocab), "bos_token_id": 1, "eos_token_id": 2}
     (path / "config.json").write_text(json.dumps(cfg, indent=2))
     return path
