@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, cast
 
 from testkit import coverage, families
 
@@ -26,8 +26,7 @@ def fp16_attention_stats(family: str, seed: int = 0) -> dict[str, float]:
     from mlx_lm.models import base
 
     model = families.build(family, seed)
-    mx.random.seed(seed + 1)
-    prompt = mx.random.randint(3, families.VOCAB, (coverage.PROMPT,)).tolist()
+    prompt = coverage.random_prompt(seed)
     rows: list[dict[str, float]] = []
     original = base.scaled_dot_product_attention
 
@@ -46,12 +45,12 @@ def fp16_attention_stats(family: str, seed: int = 0) -> dict[str, float]:
         key_norm = mx.linalg.norm(k, axis=-1)
         rows.append(
             {
-                "key_norm": key_norm.mean().item(),
-                "key_norm_cv": (key_norm.std() / key_norm.mean()).item(),
-                "query_norm": mx.linalg.norm(q, axis=-1).mean().item(),
+                "key_norm": cast(float, key_norm.mean().item()),
+                "key_norm_cv": cast(float, (key_norm.std() / key_norm.mean()).item()),
+                "query_norm": cast(float, mx.linalg.norm(q, axis=-1).mean().item()),
                 "scale": float(scale),
-                "logit_std": mx.where(causal, logits, 0.0).std().item(),
-                "entropy": norm_entropy.mean().item(),
+                "logit_std": cast(float, mx.where(causal, logits, 0.0).std().item()),
+                "entropy": cast(float, norm_entropy.mean().item()),
             }
         )
         return original(queries, keys, values, cache=cache, scale=scale, mask=mask, sinks=sinks)
@@ -60,24 +59,22 @@ def fp16_attention_stats(family: str, seed: int = 0) -> dict[str, float]:
     saved = {m: getattr(sys.modules[m], "scaled_dot_product_attention", None) for m in modules}
     for m, fn in saved.items():
         if fn is not None:
-            setattr(sys.modules[m], "scaled_dot_product_attention", recording)
+            sys.modules[m].scaled_dot_product_attention = recording  # type: ignore[attr-defined]
     try:
         model(mx.array([prompt]))  # no cache: one full causal pass
     finally:
         for m, fn in saved.items():
             if fn is not None:
-                setattr(sys.modules[m], "scaled_dot_product_attention", fn)
+                sys.modules[m].scaled_dot_product_attention = fn  # type: ignore[attr-defined]
     return {key: sum(r[key] for r in rows) / len(rows) for key in rows[0]}
 
 
 def method_kls(family: str, seed: int = 0) -> dict[str, float]:
-    import mlx.core as mx
 
     from veloxd.kv import KVCacheConfig
 
     model = families.build(family, seed)
-    mx.random.seed(seed + 1)
-    prompt = mx.random.randint(3, families.VOCAB, (coverage.PROMPT,)).tolist()
+    prompt = coverage.random_prompt(seed)
     forced, ref = coverage.run(model, KVCacheConfig("fp16"), prompt, None)
     return {
         label: coverage.compare(ref, coverage.run(model, KVCacheConfig(**fields), prompt, forced)[1])[0]
@@ -93,7 +90,10 @@ def main() -> None:
         stats = fp16_attention_stats(family)
         kls = method_kls(family)
         print(
-            f"{family:12} " + " ".join(f"{k}={v:.3f}" for k, v in stats.items()) + " " + " ".join(f"kl[{k}]={v:.3f}" for k, v in kls.items()),
+            f"{family:12} "
+            + " ".join(f"{k}={v:.3f}" for k, v in stats.items())
+            + " "
+            + " ".join(f"kl[{k}]={v:.3f}" for k, v in kls.items()),
             flush=True,
         )
 

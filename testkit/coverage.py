@@ -18,7 +18,7 @@ import argparse
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from testkit import families
 from veloxd.kv import KVCacheConfig, registry
@@ -92,7 +92,7 @@ def run(model: Any, config: KVCacheConfig, prompt: list[int], forced: list[int] 
     lps = [_logprobs(model(mx.array([prompt]), cache=cache)[0, -1])]
     fed: list[int] = []
     for step in range(DECODE - 1):
-        token = int(mx.argmax(lps[-1]).item()) if forced is None else forced[step]
+        token = cast(int, mx.argmax(lps[-1]).item()) if forced is None else forced[step]
         fed.append(token)
         lps.append(_logprobs(model(mx.array([[token]]), cache=cache)[0, -1]))
         mx.eval(lps[-1])
@@ -116,8 +116,14 @@ def compare(ref: list[Any], got: list[Any]) -> tuple[float, float]:
     return sum(kls) / len(kls), sum(agree) / len(agree)
 
 
-def family_cells(family: str, method_names: list[str] | None = None, seed: int = 0) -> list[Cell]:
+def random_prompt(seed: int) -> list[int]:
     import mlx.core as mx
+
+    mx.random.seed(seed + 1)
+    return cast(list[int], mx.random.randint(3, families.VOCAB, (PROMPT,)).tolist())
+
+
+def family_cells(family: str, method_names: list[str] | None = None, seed: int = 0) -> list[Cell]:
 
     names = method_names or methods()
     verdicts = {m: refusal(family, m) for m in names}
@@ -125,8 +131,7 @@ def family_cells(family: str, method_names: list[str] | None = None, seed: int =
     served = [m for m, r in verdicts.items() if r is None]
     if served:
         model = families.build(family, seed)
-        mx.random.seed(seed + 1)
-        prompt = mx.random.randint(3, families.VOCAB, (PROMPT,)).tolist()
+        prompt = random_prompt(seed)
         forced, ref = run(model, KVCacheConfig("fp16"), prompt, None)
         for method in served:
             kl, agreement = compare(ref, run(model, kv_config(method), prompt, forced)[1])
@@ -150,14 +155,14 @@ def short_reason(reason: str) -> str:
     from veloxd.kv import attention
 
     for phrase, label in (
-        (attention.FUSED, "fused attention kernel"),
-        (attention.SOFTCAP, "attention logit soft-capping"),
-        (attention.BY_HAND, "hand-written attention"),
-        (attention.SINKS, "attention-sink logits"),
-        (attention.KV_READ_BACK, "KV read back as arrays"),
-        (attention.KV_SHARED, "KV sharing (eviction)"),
-        (attention.NO_ATTENTION, "no routable attention"),
-        ("no plain attention layer", "no plain attention layer"),
+        (attention.FUSED, "fused kernel"),
+        (attention.SOFTCAP, "soft-capping"),
+        (attention.BY_HAND, "hand-written"),
+        (attention.SINKS, "sinks"),
+        (attention.KV_READ_BACK, "KV read-back"),
+        (attention.KV_SHARED, "KV sharing"),
+        (attention.NO_ATTENTION, "no attention"),
+        ("no plain attention layer", "no plain layer"),
     ):
         if phrase in reason:
             return label
@@ -165,13 +170,13 @@ def short_reason(reason: str) -> str:
 
 
 def table(cells: list[Cell]) -> str:
-    """Markdown: one row per family, one column per method; 'served' or 'refused: cause'."""
+    """Markdown: one row per family, one column per method; 'served' or 'refused (cause)'."""
     names = list(dict.fromkeys(c.method for c in cells))
     rows = ["| family | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     for family in dict.fromkeys(c.family for c in cells):
         by_method = {c.method: c for c in cells if c.family == family}
         marks = [
-            "served" if by_method[m].refusal is None else f"refused: {short_reason(by_method[m].refusal or '')}"
+            "served" if by_method[m].refusal is None else f"refused ({short_reason(by_method[m].refusal or '')})"
             for m in names
         ]
         rows.append(f"| {family} | " + " | ".join(marks) + " |")

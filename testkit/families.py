@@ -156,7 +156,8 @@ def build(family: str, seed: int = 0, vocab: int = VOCAB) -> Any:
     from veloxd.serve.mlx_compat import model_classes
 
     cfg = config(family, vocab)
-    model_class, args_class = model_classes(cfg)
+    model_class, args_class_ = model_classes(cfg)
+    args_class: Any = args_class_  # an mlx_lm ModelArgs dataclass (BaseModelArgs.from_dict)
     mx.random.seed(seed)
     model = model_class(args_class.from_dict(cfg))
     mx.eval(model.parameters())

@@ -149,7 +149,12 @@ def test_install_reads_each_module_once_per_process(monkeypatch):
     attention.module_verdict.cache_clear()
     reads: list[object] = []
     real = inspect.getsource
-    monkeypatch.setattr(inspect, "getsource", lambda obj, *a, **k: reads.append(obj) or real(obj, *a, **k))
+
+    def recording(obj, *args, **kwargs):
+        reads.append(obj)
+        return real(obj, *args, **kwargs)
+
+    monkeypatch.setattr(inspect, "getsource", recording)
     attention.install(tiny_llama())
     first = len(reads)
     attention.install(tiny_llama())

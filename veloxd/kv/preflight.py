@@ -64,9 +64,10 @@ def model_skeleton(config: dict[str, Any]) -> tuple[type, Any]:
     from veloxd.serve.mlx_compat import model_classes
 
     try:
-        model_class, args_class = model_classes(config)
+        model_class, args_class_ = model_classes(config)
     except ValueError as err:  # mlx_lm does not know this architecture at all
         raise ValueError(f"unsupported architecture: {err}") from None
+    args_class: Any = args_class_  # an mlx_lm ModelArgs dataclass (BaseModelArgs.from_dict)
     try:
         return model_class, model_class(args_class.from_dict(copy.deepcopy(config)))  # from_dict may edit nested dicts
     except Exception:
