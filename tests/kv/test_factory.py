@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import mlx.core as mx
+import pytest
 from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models import llama
 
 from veloxd.kv import KVCacheConfig, make_caches
 from veloxd.kv.base import VeloxCache
+from veloxd.kv.factory import per_request
 
 
 def tiny_llama(layer_types: list[str] | None = None) -> llama.Model:
@@ -53,20 +55,35 @@ def test_sliding_window_layers_keep_their_native_cache():
     assert logits.shape == (1, 12, 97)
 
 
-def test_patched_instance_make_cache_does_not_recurse():
-    """The worker sets model.make_cache to a closure over make_caches; the factory reads the class."""
+def test_the_workers_instance_make_cache_is_skipped_and_does_not_recurse():
+    """The worker sets model.make_cache to `per_request`; the factory's lookup skips it."""
+    model = tiny_llama()
+    model.make_cache = per_request(model, KVCacheConfig("affine", bits=4))
+    caches = mlx_cache.make_prompt_cache(model)
+    assert len(caches) == 2 and all(isinstance(c, VeloxCache) for c in caches)
+
+
+def test_a_foreign_instance_make_cache_calling_make_caches_is_refused_not_recursed():
+    """Someone else's closure over make_caches would recurse: a clear error names the way out."""
     model = tiny_llama()
     config = KVCacheConfig("affine", bits=4)
     calls = []
 
-    def per_request():
+    def foreign():
         calls.append(1)
         return make_caches(model, config)
 
-    model.make_cache = per_request
-    caches = mlx_cache.make_prompt_cache(model)
-    assert len(calls) == 1
-    assert len(caches) == 2 and all(isinstance(c, VeloxCache) for c in caches)
+    model.make_cache = foreign
+    with pytest.raises(ValueError, match="calls back into veloxd's make_caches; set it with"):
+        mlx_cache.make_prompt_cache(model)
+    assert len(calls) == 2  # the outer call, then once from the factory's lookup
+
+
+def test_an_instance_make_cache_gives_the_cache_kinds():
+    model = tiny_llama()
+    model.make_cache = lambda: [mlx_cache.RotatingKVCache(max_size=8), mlx_cache.KVCache()]
+    caches = make_caches(model, KVCacheConfig("affine", bits=8))
+    assert type(caches[0]) is mlx_cache.RotatingKVCache and isinstance(caches[1], VeloxCache)
 
 
 def test_compressed_attention_matches_fp16_closely_at_8_bits():
@@ -96,3 +113,49 @@ def test_saved_compressed_cache_loads_back_in_a_fresh_process(tmp_path):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.stdout.strip() == "['KIVICache', 'KIVICache'] [40, 40]", out.stderr
+
+
+def test_a_request_after_wiring_reads_no_model_source(monkeypatch):
+    """Routing is installed once at wiring; a request (make_cache, make_prompt_cache) touches no inspect."""
+    import inspect
+
+    from veloxd.kv import attention
+    from veloxd.serve.wiring import wire_caches
+
+    attention.module_verdict.cache_clear()  # so wiring really reads the sources, as at a worker's start
+    reads: list[object] = []
+    real = inspect.getsource
+
+    def recording(obj, *args, **kwargs):
+        reads.append(obj)
+        return real(obj, *args, **kwargs)
+
+    monkeypatch.setattr(inspect, "getsource", recording)
+    model = tiny_llama()
+    config = KVCacheConfig("affine", bits=4)
+    wire_caches(model, config)
+    assert reads, "wiring must read the model's source to route it (else this test proves nothing)"
+    reads.clear()
+    for caches in (model.make_cache(), mlx_cache.make_prompt_cache(model), make_caches(model, config)):
+        assert len(caches) == 2 and all(isinstance(c, VeloxCache) for c in caches)
+    assert reads == []
+
+
+def test_install_reads_each_module_once_per_process(monkeypatch):
+    import inspect
+
+    from veloxd.kv import attention
+
+    attention.module_verdict.cache_clear()
+    reads: list[object] = []
+    real = inspect.getsource
+
+    def recording(obj, *args, **kwargs):
+        reads.append(obj)
+        return real(obj, *args, **kwargs)
+
+    monkeypatch.setattr(inspect, "getsource", recording)
+    attention.install(tiny_llama())
+    first = len(reads)
+    attention.install(tiny_llama())
+    assert first >= 1 and len(reads) == first

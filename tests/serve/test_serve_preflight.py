@@ -53,7 +53,7 @@ def test_servable_configs_pass_and_fp16_is_never_refused() -> None:
 def test_attention_sinks_unroutable_and_unknown_architectures_are_refused() -> None:
     with pytest.raises(ValueError, match="attention-sink logits"):
         check({"model_type": "gpt_oss"}, KVCacheConfig(method="affine"))
-    with pytest.raises(ValueError, match="model type 'plamo2'"):
+    with pytest.raises(ValueError, match="model type 'plamo2' computes attention with MLX's fused kernel directly"):
         check({"model_type": "plamo2"}, KVCacheConfig(method="affine"))
     with pytest.raises(ValueError, match="unsupported architecture"):
         check({"model_type": "no_such_arch"}, KVCacheConfig(method="affine"))
@@ -88,3 +88,56 @@ def test_hugging_face_id_is_refused_from_the_cached_config_before_weights(tmp_pa
     assert f"cannot serve veloxd-test/tiny with method {method}" in result.stderr
     assert expected in result.stderr
     assert "Traceback" not in result.stderr and "safetensors" not in result.stderr
+
+
+def family(name: str) -> dict[str, Any]:
+    from testkit.families import config
+
+    return config(name)
+
+
+@pytest.mark.parametrize("name", ["smollm3", "mistral3", "gemma3_text", "qwen3_next", "gemma4_text"])
+def test_wrappers_and_sliding_families_pass_before_load(name) -> None:
+    for method in ("affine", "kivi", "turboquant_mse", "qjl"):
+        check(family(name), KVCacheConfig(method=method))
+
+
+@pytest.mark.parametrize(
+    ("name", "reason"),
+    [
+        ("gemma2", "model type 'gemma2' applies attention logit soft-capping"),
+        ("gpt_oss", "model type 'gpt_oss' uses attention-sink logits"),
+        ("gemma3n", "model type 'gemma3n' reads an earlier layer's cached keys and values back"),
+    ],
+)
+def test_refusals_name_the_true_reason_and_the_way_out(name, reason) -> None:
+    with pytest.raises(ValueError, match=reason) as raised:
+        check(family(name), KVCacheConfig(method="affine"))
+    assert "fused kernel" not in str(raised.value)
+    assert "Serve it with method fp16" in str(raised.value)
+    check(family(name), KVCacheConfig(method="fp16"))
+
+
+def test_eviction_on_kv_shared_layers_is_refused_and_quantization_is_not() -> None:
+    with pytest.raises(ValueError, match=r"model type 'gemma4_text' shares one layer's cache .*2 of its 4 layers"):
+        check(family("gemma4_text"), KVCacheConfig(method="h2o"))
+    check(family("gemma4_text"), KVCacheConfig(method="turboquant_prod"))
+
+
+def test_the_pre_load_check_reads_no_weight_and_keeps_the_config(tmp_path) -> None:
+    config = family("mistral3")
+    before = json.dumps(config, sort_keys=True)
+    check(config, KVCacheConfig(method="affine"))
+    assert json.dumps(config, sort_keys=True) == before  # ModelArgs edits nested dicts: a copy is built
+
+
+def test_classify_reads_the_attention_from_source_text() -> None:
+    from veloxd.kv import attention
+
+    assert attention.classify("out = mx.fast.scaled_dot_product_attention(q, k, v)", True) == attention.FUSED
+    assert attention.classify("scores = mx.tanh(scores / cap)\nmx.softmax(scores)", False) == attention.SOFTCAP
+    assert attention.classify("w = mx.softmax(scores, axis=-1)", False) == attention.BY_HAND
+    assert attention.classify("return self.model(x)", False) is None  # a wrapper: its parts decide
+    assert attention.classify("sdpa(q, k, v, cache, sinks=self.sinks)", True) == attention.SINKS
+    assert attention.classify("sdpa(q, k, v, cache, sinks=None)", True) is None
+    assert attention.classify("k, v = cache.keys_and_values()", True) == attention.KV_READ_BACK

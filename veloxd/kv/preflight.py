@@ -1,14 +1,19 @@
 """Refuse a model from its config.json, before any weight is read.
 
-Everything a method needs that config.json already tells is checked here: an architecture whose
-attention veloxd cannot route (MLX's fused kernel called directly), attention-sink logits
-(gpt-oss style: softmax with a learned extra column the compressed caches do not model), and
-head dimensions the method's group sizes or word packing do not divide (the per-method check is
-the cache class's own `check_head_dims`, the same rule the cache applies when built).
+The model's skeleton is built from config.json exactly as mlx_lm's load builds it (its Model
+class on its ModelArgs) but no weight is read and no array is evaluated: MLX initialises
+parameters lazily, so this costs milliseconds and a few MB even for a large model. Its module
+tree then answers what the loaded model will: whether veloxd can route its attention (the same
+rule `install` applies at load, `veloxd.kv.attention.refusal_reason`, so a wrapper such as
+smollm3 or mistral3 is judged by the llama or ministral3 modules it builds), and which layers
+its own `make_cache` gives plain caches. Head dimensions the method's group sizes or word
+packing do not divide are refused by the cache class's own `check_head_dims`, the same rule the
+cache applies when built.
 """
 
 from __future__ import annotations
 
+import copy
 import sys
 from typing import Any
 
@@ -33,30 +38,37 @@ def check(config: dict[str, Any], kv: KVCacheConfig) -> None:
     """ValueError naming the reason when `kv` cannot serve the model config.json describes."""
     if kv.method == "fp16":
         return
-    from veloxd.kv.attention import module_source, refusal, unroutable_modules
-    from veloxd.kv.factory import cache_class
+    from veloxd.kv.attention import check_routable, module_verdict, refusal
+    from veloxd.kv.factory import cache_class, native_caches, plain_layers
 
-    module = _model_module(config)
-    if module is not None:
-        culprits = unroutable_modules([module])
-        if culprits:
-            raise refusal(str(config.get("model_type")), culprits)
-        if "sinks=" in module_source(module):
-            raise ValueError(
-                f"model type '{config.get('model_type')}' uses attention-sink logits (gpt-oss style); "
-                "veloxd caches do not model them. Serve it with method fp16, or pick another model."
-            )
+    name = str(config.get("model_type"))
+    model_class, skeleton = model_skeleton(config)
+    if skeleton is not None:
+        check_routable(skeleton, name)
+        plain_layers(skeleton, native_caches(skeleton), kv.method)
+    else:  # config.json too incomplete to build: judge the top module alone, the load reports the rest
+        verdict = module_verdict(model_class.__module__)
+        if verdict is not None:
+            raise refusal(name, verdict, [sys.modules[model_class.__module__]])
     dims = head_dims(config)
     if dims is not None:
         cls: Any = cache_class(kv.method)
         cls.check_head_dims(kv, *dims)
 
 
-def _model_module(config: dict[str, Any]) -> Any:
+def model_skeleton(config: dict[str, Any]) -> tuple[type, Any]:
+    """(Model class, the model config.json describes with parameters unevaluated, or None if mlx_lm cannot build it).
+
+    A config mlx_lm's ModelArgs or Model rejects is the load's error to report, with its own message.
+    """
     from veloxd.serve.mlx_compat import model_classes
 
     try:
-        model_class, _ = model_classes(config)
+        model_class, args_class_ = model_classes(config)
     except ValueError as err:  # mlx_lm does not know this architecture at all
         raise ValueError(f"unsupported architecture: {err}") from None
-    return sys.modules.get(model_class.__module__)
+    args_class: Any = args_class_  # an mlx_lm ModelArgs dataclass (BaseModelArgs.from_dict)
+    try:
+        return model_class, model_class(args_class.from_dict(copy.deepcopy(config)))  # from_dict may edit nested dicts
+    except Exception:
+        return model_class, None

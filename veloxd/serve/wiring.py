@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from veloxd.kv import KVCacheConfig, make_caches, registry
+from veloxd.kv.factory import per_request
 from veloxd.kv.footprint import measure, summary
 
 
@@ -26,14 +27,18 @@ class Wiring:
 
 
 def wire_caches(model: Any, config: KVCacheConfig) -> Wiring:
-    """Probe, measure, then make every request build a fresh cache list. Raises ValueError if unservable."""
+    """Route attention (once), probe, measure, then make every request build a fresh cache list.
+
+    Raises ValueError with the true reason if unservable. Routing is installed here, by the probe's
+    make_caches; a request only builds caches (`per_request`) and reads no model source.
+    """
     probe = make_caches(model, config)
     batchable = registry.get(config.method).batchable and all(hasattr(c, "merge") for c in probe)
     figure = measure(model, config).to_dict()
     counts = Counter(type(c).__name__ for c in probe)
-    # Instance attribute: mlx_lm's make_prompt_cache calls it per request. make_caches reads the
-    # model's make_cache from the class, so this never recurses.
-    model.make_cache = lambda: make_caches(model, config)
+    # Instance attribute: mlx_lm's make_prompt_cache calls it per request. It is marked as ours,
+    # so the factory's lookup of the model's own make_cache skips it and never recurses.
+    model.make_cache = per_request(model, config)
     return Wiring(
         layer_caches=dict(counts),
         batchable=batchable,

@@ -1,0 +1,44 @@
+"""`veloxd serve` on wrapper families: a SmolLM3-shaped and a Mistral-3-with-sliding-layers-shaped
+model directory (testkit.families, random weights) reach READY with a compressed cache and answer
+a completion; a Gemma-2-shaped one exits 2 before load with the true reason."""
+
+from __future__ import annotations
+
+import pytest
+
+from testkit.families import write_model_dir
+from tests.support import Worker, free_port, http_json, run_veloxd
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.mark.parametrize(
+    ("family", "layer_caches"),
+    [
+        ("smollm3", {"AffineCache": 4}),
+        ("mistral3", {"RotatingKVCache": 2, "AffineCache": 2}),  # sliding layers keep mlx_lm's rotating cache
+    ],
+)
+def test_wrapper_family_reaches_ready_and_answers(tmp_path, family, layer_caches) -> None:
+    model = write_model_dir(family, tmp_path / family)
+    worker = Worker("--model", str(model), "--method", "affine", "--port", str(free_port()), "--max-tokens", "8")
+    try:
+        payload = worker.ready()
+        assert payload["method"] == "affine"
+        assert payload["layer_caches"] == layer_caches
+        body = {"prompt": "def fibonacci(n): return", "max_tokens": 6, "temperature": 0.0}
+        status, reply = http_json(payload["endpoints"]["completions"], body)
+        assert status == 200, reply
+        assert reply["usage"]["completion_tokens"] == 6
+    finally:
+        assert worker.stop() == 0
+
+
+def test_gemma2_is_refused_before_load_for_soft_capping(tmp_path) -> None:
+    model = write_model_dir("gemma2", tmp_path / "gemma2")
+    (model / "model.safetensors").write_bytes(b"not weights: reading this would fail the load differently")
+    result = run_veloxd("serve", "--model", str(model), "--method", "kivi", "--port", str(free_port()))
+    assert result.returncode == 2, result.stderr
+    assert "model type 'gemma2' applies attention logit soft-capping" in result.stderr
+    assert "Serve it with method fp16" in result.stderr
+    assert "fused kernel" not in result.stderr and "Traceback" not in result.stderr
