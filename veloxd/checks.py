@@ -124,7 +124,7 @@ def resolve_model(text: str, base_dir: Path | str) -> ModelRef:
             )
         return ModelRef(str(local), True)
     if explicit:
-        return ModelRef(str(local), True, f"model path {local} does not exist")
+        return ModelRef(str(local), True, f"model path {local} does not exist{near_siblings(local)}")
     if not is_hf_id(text):
         return ModelRef(
             text,
@@ -139,3 +139,13 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """ "; did you mean 'x'?" for the closest candidate, or "" when none is close."""
     close = difflib.get_close_matches(str(word), list(candidates), n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def near_siblings(path: Path) -> str:
+    """ "; did you mean '<dir>'?" for a directory beside a missing `path` with a close name, else ""."""
+    try:
+        siblings = [p.name for p in path.parent.iterdir() if p.is_dir()]
+    except OSError:  # the parent is missing or unreadable too: nothing to suggest
+        return ""
+    close = difflib.get_close_matches(path.name, siblings, n=1, cutoff=0.6)
+    return f"; did you mean '{path.parent / close[0]}'?" if close else ""
