@@ -119,3 +119,21 @@ def test_the_demo_answers_by_entry_name_exactly_as_printed(tmp_path: Path, capsy
         assert h.stop(timeout=120) == 0
     finally:
         h.cleanup()
+
+
+def test_readme_shows_the_snippet_the_demo_prints() -> None:
+    """The README's quick start is what `make run` prints for the demo config (gateway on 8080, the
+    first running entry by name)."""
+    doc = yaml.safe_load(DEMO.read_text())
+    state = {
+        "servers": {
+            "@gateway": {"host": "127.0.0.1", "port": doc["gateway"]["port"], "state": "ready"},
+            **{
+                name: {"host": "127.0.0.1", "port": body["port"], "method": body["method"], "state": "ready"}
+                | {"start": body.get("start", "always")}
+                for name, body in sorted(doc["servers"].items())
+            },
+        }
+    }
+    snippet = printed_snippet(demo.ready_text(state, Path(".cache/state")))
+    assert f"```python\n{snippet}```" in (REPO / "README.md").read_text()

@@ -172,13 +172,23 @@ def budget_for(gateway: Any, measurements: Mapping[str, Any]) -> tuple[int | Non
     )
 
 
+def kv_per_token_text(row: Mapping[str, Any]) -> str:
+    """KV/TOKEN of the memory table; an evicting cache measured flat says it is capped, never a bare 0 B."""
+    per_token, per_sequence = row["kv_bytes_per_token"], row.get("kv_bytes_per_sequence")
+    if per_token is None:
+        return "unmeasured"
+    if per_token < 1 and per_sequence:
+        return f"capped ({gib(per_sequence)} a sequence)"
+    return f"{per_token:.0f} B"
+
+
 def render_table(table: Mapping[str, Any]) -> list[str]:
     """The memory table as text lines (`veloxd status`, `veloxd plan`)."""
     lines = [f"memory: budget {gib(table['budget'])} ({table['budget_source']}), in use {gib(table['in_use'])}"]
     header = ("NAME", "START", "STATE", "NEED", "WEIGHTS", "KV/TOKEN", "CONTEXT", "CONCURRENCY")
     rows = [header]
     for name, row in table["servers"].items():
-        kv = f"{row['kv_bytes_per_token']:.0f} B" if row["kv_bytes_per_token"] is not None else "unmeasured"
+        kv = kv_per_token_text(row)
         rows.append(
             (
                 name,
