@@ -251,8 +251,10 @@ function drawChart(canvas, key, kind, names) {
   ctx.textAlign = "left"; ctx.textBaseline = "top";
   ctx.fillText(`${duration(span)} ago`, left, top + h + 6);
   ctx.textAlign = "right"; ctx.fillText("now", left + w, top + h + 6);
+  const all = page.servers.map((s) => s.name);
   names.forEach((n, i) => {
-    ctx.strokeStyle = PALETTE[i % PALETTE.length]; ctx.lineWidth = 1.6; ctx.beginPath();
+    const color = PALETTE[Math.max(0, all.indexOf(n)) % PALETTE.length]; // a server keeps its color in both charts
+    ctx.strokeStyle = color; ctx.lineWidth = 1.6; ctx.beginPath();
     let drawing = false;
     points.forEach((p) => {
       const v = ((p.servers || {})[n] || {})[key];
@@ -262,7 +264,7 @@ function drawChart(canvas, key, kind, names) {
       drawing = true;
     });
     ctx.stroke();
-    ctx.fillStyle = PALETTE[i % PALETTE.length]; ctx.textAlign = "left"; ctx.textBaseline = "top";
+    ctx.fillStyle = color; ctx.textAlign = "left"; ctx.textBaseline = "top";
     ctx.fillText(`■ ${n}`, left + 8 + i * 110, top + 2);
   });
 }
