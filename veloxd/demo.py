@@ -53,10 +53,10 @@ def curl_lines(state: dict[str, Any]) -> list[str]:
 
 
 def openai_snippet(base: str, model: str) -> str:
-    """Five lines that work as printed against the demo's gateway (it needs no token on loopback)."""
+    """Five lines (ruff-formatted) that work as printed against the demo's gateway (no token on loopback)."""
     return (
-        "from openai import OpenAI\n"
-        f'client = OpenAI(base_url="{base}", api_key="unused")  # the demo\'s gateway needs no token\n'
+        "from openai import OpenAI\n\n"
+        f'client = OpenAI(base_url="{base}", api_key="unused")  # the demo needs no token\n'
         f'reply = client.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Say hi"}}])\n'
         'print(reply.model, "->", reply.choices[0].message.content)\n'
         "print([m.id for m in client.models.list()])\n"

@@ -37,7 +37,7 @@ def printed_snippet(text: str) -> str:
     """The Python lines the demo prints, from its comment line to the blank line after them."""
     lines = text.splitlines()
     first = lines.index("# Python (pip install openai):") + 1
-    last = lines.index("", first)
+    last = lines.index("", first + 2)  # after the blank line that follows the import
     return "\n".join(lines[first:last]) + "\n"
 
 
@@ -79,7 +79,8 @@ def test_the_demo_answers_by_entry_name_exactly_as_printed(tmp_path: Path, capsy
 
         # The openai snippet, executed as printed: the first running entry by name, then the model list.
         snippet = printed_snippet(text)
-        assert len(snippet.splitlines()) == 5 and snippet.startswith("from openai import OpenAI\n")
+        assert len([line for line in snippet.splitlines() if line]) == 5
+        assert snippet.startswith("from openai import OpenAI\n\n")
         capsys.readouterr()
         exec(compile(snippet, "<printed by make run>", "exec"), {})
         printed = capsys.readouterr().out.splitlines()  # the reply's content may span lines
