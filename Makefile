@@ -4,6 +4,8 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+# `make run` needs only the runtime dependencies; test and dev tools come with `make test`/`lint`.
+RUN_STAMP := $(VENV)/.installed-run
 BENCH_STAMP := $(VENV)/.installed-bench
 # Debian's OpenBLAS makes MLX CPU matmuls ~25x faster; used for benchmarks and training when present.
 OPENBLAS := $(firstword $(wildcard /usr/lib/*/openblas-pthread/libblas.so.3))
@@ -20,11 +22,17 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e '.[test,dev]'
 	touch $(STAMP)
 
+$(RUN_STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e .
+	touch $(RUN_STAMP)
+
 $(BENCH_STAMP): $(STAMP)
 	$(PY) -m pip install --quiet -e '.[test,bench]'
 	touch $(BENCH_STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(PY) -m veloxd.demo
 
 # Files run in parallel (-n auto); a module's tests stay on one worker, sharing its fixtures.

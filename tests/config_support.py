@@ -117,8 +117,9 @@ FIELD_CASES = [
                 7,
                 11,
                 "$.servers.coder.bits",
-                "bits does not apply to method h2o (only to: affine, kivi, turboquant_mse, turboquant_prod, qjl; "
-                "to keep h2o's tokens as 4-bit codes use method h2o_affine)",
+                "bits does not apply to method h2o (only to: affine, kivi, turboquant_mse, turboquant_prod, qjl, "
+                "and the hybrids streaming_llm_affine, knorm_affine, snapkv_affine, tova_affine, h2o_affine); "
+                "to keep h2o's tokens as 4-bit codes use method h2o_affine",
             ),
         ],
     ),

@@ -62,6 +62,16 @@ def parse_size(value: int | str) -> int:
     return size
 
 
+def gib(n: int | float | None) -> str:
+    """Bytes as people read them in a table: '1.50 GiB', '12.0 MiB'."""
+    if n is None:
+        return "?"
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}" if unit == "GiB" else f"{n / size:.1f} {unit}"
+    return f"{int(n)} B"
+
+
 # ---- hosts --------------------------------------------------------------------------------
 _LABEL = r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?"
 HOSTNAME = re.compile(rf"^(?=.{{1,253}}$){_LABEL}(?:\.{_LABEL})*$")
@@ -124,7 +134,7 @@ def resolve_model(text: str, base_dir: Path | str) -> ModelRef:
             )
         return ModelRef(str(local), True)
     if explicit:
-        return ModelRef(str(local), True, f"model path {local} does not exist")
+        return ModelRef(str(local), True, f"model path {local} does not exist{near_siblings(local)}")
     if not is_hf_id(text):
         return ModelRef(
             text,
@@ -139,3 +149,13 @@ def did_you_mean(word: str, candidates: Iterable[str]) -> str:
     """ "; did you mean 'x'?" for the closest candidate, or "" when none is close."""
     close = difflib.get_close_matches(str(word), list(candidates), n=1, cutoff=0.6)
     return f"; did you mean '{close[0]}'?" if close else ""
+
+
+def near_siblings(path: Path) -> str:
+    """ "; did you mean '<dir>'?" for a directory beside a missing `path` with a close name, else ""."""
+    try:
+        siblings = [p.name for p in path.parent.iterdir() if p.is_dir()]
+    except OSError:  # the parent is missing or unreadable too: nothing to suggest
+        return ""
+    close = difflib.get_close_matches(path.name, siblings, n=1, cutoff=0.6)
+    return f"; did you mean '{path.parent / close[0]}'?" if close else ""

@@ -1,7 +1,9 @@
 """`make run`: the daemon on configs/veloxd.yaml (the shipped tiny model, no download).
 
-Starts `veloxd run` in the foreground with its log and state under .cache/, waits until every
-server is READY, prints a ready-to-paste curl line per server, and forwards Ctrl-C / SIGTERM.
+Starts `veloxd run` in the foreground with its log and state under .cache/, waits until the
+gateway and every `start: always` server are READY (on-demand ones stopped, waiting for their
+first request), prints a curl line per entry and an openai example against the gateway, each
+naming its entry as "model", and forwards Ctrl-C / SIGTERM.
 """
 
 from __future__ import annotations
@@ -13,38 +15,85 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from veloxd.daemon.statefile import read_state
 
 REPO = Path(__file__).resolve().parent.parent
+GATEWAY = "@gateway"  # the gateway's name among the state file's processes (config.gateway.GATEWAY_NAME)
+PROMPT = "Write a Python function that adds two numbers."
 
 
-def curl_lines(state: dict) -> list[str]:
+def entries(state: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The state's server entries (by name), without the gateway."""
+    return {n: s for n, s in (state.get("servers") or {}).items() if n != GATEWAY}
+
+
+def base_url(state: dict[str, Any], name: str | None = None) -> str:
+    """The OpenAI base URL of the gateway (no name) or of one server's own port."""
+    process = (state.get("servers") or {})[name or GATEWAY]
+    return f"http://{process['host']}:{process['port']}/v1"
+
+
+def curl_lines(state: dict[str, Any]) -> list[str]:
+    """One paste-ready request per entry, by name through the gateway (each worker's port without one)."""
+    gateway = GATEWAY in (state.get("servers") or {})
     lines = []
-    for name, server in sorted(state.get("servers", {}).items()):
-        host = server["host"]
+    for name, server in entries(state).items():
         body = json.dumps(
-            {
-                "messages": [{"role": "user", "content": "Write a Python function that adds two numbers."}],
-                "max_tokens": 48,
-            }
+            {"model": name, "messages": [{"role": "user", "content": PROMPT}], "max_tokens": 48},
         )
+        url = base_url(state, None if gateway else name)
+        note = "started by this request (on demand)" if server.get("start") == "on_demand" else "running"
         lines.append(
-            f"# {name}: {server['method']} on port {server['port']}\n"
-            f"curl -s http://{host}:{server['port']}/v1/chat/completions -H 'Content-Type: application/json' -d '{body}'"
+            f"# {name}: {server['method']}, {note}\n"
+            f"curl -s {url}/chat/completions -H 'Content-Type: application/json' -d '{body}'"
         )
     return lines
+
+
+def openai_snippet(base: str, model: str) -> str:
+    """Five lines (ruff-formatted) that work as printed against the demo's gateway (no token on loopback)."""
+    return (
+        "from openai import OpenAI\n\n"
+        f'client = OpenAI(base_url="{base}", api_key="unused")  # the demo needs no token\n'
+        f'reply = client.chat.completions.create(model="{model}", messages=[{{"role": "user", "content": "Say hi"}}])\n'
+        'print(reply.model, "->", reply.choices[0].message.content)\n'
+        "print([m.id for m in client.models.list()])\n"
+    )
+
+
+def settled(state: dict[str, Any] | None) -> bool:
+    """The gateway and every `always` server ready; on-demand ones ready or stopped (not yet asked for)."""
+    servers = (state or {}).get("servers") or {}
+    return bool(servers) and all(
+        s["state"] == "ready" or (s.get("start") == "on_demand" and s["state"] == "stopped") for s in servers.values()
+    )
 
 
 def wait_ready(proc: subprocess.Popen, state_dir: Path, timeout: float) -> dict | None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and proc.poll() is None:
         state = read_state(state_dir)
-        servers = (state or {}).get("servers") or {}
-        if servers and all(s["state"] == "ready" for s in servers.values()):
+        if settled(state):
             return state
         time.sleep(0.2)
     return None
+
+
+def ready_text(state: dict[str, Any], state_dir: Path) -> str:
+    """What the demo prints once it is up: requests by entry name, the openai example, where to look."""
+    out = ["", "veloxd demo: ready. Try:", "", *curl_lines(state)]
+    names = [n for n, s in entries(state).items() if s.get("start") != "on_demand"]
+    if GATEWAY in (state.get("servers") or {}) and names:
+        base = base_url(state)
+        out += ["", "# Python (pip install openai):", openai_snippet(base, names[0])]
+        out.append(f"Dashboard: {base[: -len('/v1')]}/  (metrics: /metrics)")
+    dashboard = state.get("dashboard") or {}
+    if dashboard.get("port"):
+        out.append(f"Dashboard: http://{dashboard['host']}:{dashboard['port']}/  (metrics: /metrics)")
+    out.append(f"Status: .venv/bin/veloxd status --state-dir {state_dir}   Stop: Ctrl-C")
+    return "\n".join(out) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -73,12 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(signum, lambda s, _f: proc.send_signal(s))
     state = wait_ready(proc, state_dir, args.ready_timeout)
     if state is not None:
-        print("\nveloxd demo: every server is ready. Try:\n", flush=True)
-        print("\n".join(curl_lines(state)), flush=True)
-        dashboard = (read_state(state_dir) or {}).get("dashboard") or {}
-        if dashboard.get("port"):
-            print(f"\nDashboard: http://{dashboard['host']}:{dashboard['port']}/  (metrics: /metrics)", flush=True)
-        print(f"\nStatus: .venv/bin/veloxd status --state-dir {state_dir}   Stop: Ctrl-C\n", flush=True)
+        print(ready_text(state, state_dir), flush=True)
     elif proc.poll() is None:
         print("veloxd demo: servers are not all ready yet; see .cache/veloxd.jsonl", flush=True)
     return proc.wait()

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.config_support import FIELD_CASES, VALID, entry, write_config
+from tests.config_support import FIELD_CASES, VALID, entry, model_dir, write_config
 from tests.support import REPO, run_reporting_imports
 from veloxd.config import config_to_dict, load_config
 
@@ -53,11 +53,13 @@ def test_check_valid_file_prints_one_summary_line(tmp_path: Path) -> None:
         f"{path}: valid; 2 servers: coder (kivi 2-bit on 127.0.0.1:8081), chat (h2o on 127.0.0.1:8082)\n"
     )
     # A model not yet in the Hugging Face cache is a warning (the daemon downloads it), not an error.
+    # Located like every other line: FILE:LINE:COL of the entry's model value.
     assert done.stderr == (
-        f"{path}: warning: server chat: model mlx-community/Qwen2.5-0.5B-Instruct-4bit is not "
+        f"{path}:12:12: warning: model mlx-community/Qwen2.5-0.5B-Instruct-4bit is not "
         f"downloaded yet (cache {tmp_path / 'hf' / 'hub'}); the daemon fetches it before the "
-        "first start, or run `veloxd pull chat` now\n"
+        "first start, or run `veloxd pull chat` now (at $.servers.chat.model)\n"
     )
+    assert LINE.match(done.stderr.strip())
 
 
 def test_check_json_output(tmp_path: Path) -> None:
@@ -80,7 +82,7 @@ def test_check_json_output(tmp_path: Path) -> None:
     done = veloxd("check", "--json", str(write_config(tmp_path, VALID)))
     answer = json.loads(done.stdout)
     assert done.returncode == 0 and answer["valid"] is True and answer["errors"] == []
-    assert [w.split(": warning: ")[1][:13] for w in answer["warnings"]] == ["server chat: "]
+    assert [w.rsplit(" (at ", 1)[1] for w in answer["warnings"]] == ["$.servers.chat.model)"]
 
 
 def test_check_reports_conditions_of_the_world_as_warnings_exit_0_unless_strict(tmp_path: Path) -> None:
@@ -90,13 +92,37 @@ def test_check_reports_conditions_of_the_world_as_warnings_exit_0_unless_strict(
     done = veloxd("check", str(path))
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith(f"{path}: valid; 2 servers")
-    [line] = [line for line in done.stderr.splitlines() if "server chat:" not in line]  # chat: not downloaded
+    [line] = [line for line in done.stderr.splitlines() if "$.servers.chat" not in line]  # chat: not downloaded
     match = LINE.match(line)
     assert match and match["path"] == "$.servers.coder.model" and (match["line"], match["col"]) == ("4", "12")
     assert match["message"].startswith(f"warning: model path {tmp_path}/not-downloaded-yet does not exist (yet)")
-    assert veloxd("check", "--strict", str(path)).returncode == 1
+    strict = veloxd("check", "--strict", str(path))
+    assert strict.returncode == 1
+    assert strict.stderr.splitlines()[-1] == (  # why it failed although the file is valid
+        f"{path}: --strict: failing on 2 warnings (above); without --strict the file is valid "
+        "and the daemon makes only those servers wait"
+    )
     report = json.loads(veloxd("check", "--json", str(path)).stdout)
     assert report["valid"] and report["errors"] == [] and report["warnings"][0] == line
+
+
+def test_check_reports_errors_and_warnings_together(tmp_path: Path) -> None:
+    """One run shows every mistake: an invalid entry's error and a valid entry's warning (a model
+    directory misspelled: the sibling is suggested), each located, exit 1; --json has both."""
+    model_dir(tmp_path, "tiny-llama")
+    text = VALID.replace("./model", "./tiny-lama").replace("port: 8082", "port: 0")
+    path = write_config(tmp_path, text)
+    done = veloxd("check", str(path), env={**os.environ, "HF_HOME": str(tmp_path / "hf")})
+    assert done.returncode == 1 and done.stdout == ""
+    lines = done.stderr.splitlines()
+    assert all(LINE.match(line) for line in lines), lines
+    assert [LINE.match(line)["path"] for line in lines] == ["$.servers.chat.port", "$.servers.coder.model"]
+    assert lines[1].endswith(
+        f"warning: model path {tmp_path}/tiny-lama does not exist (yet); did you mean '{tmp_path}/tiny-llama'?; "
+        "the daemon keeps this server waiting until that changes (at $.servers.coder.model)"
+    )
+    report = json.loads(veloxd("check", "--json", str(path)).stdout)
+    assert not report["valid"] and len(report["errors"]) == 1 and report["warnings"] == lines[1:]
 
 
 def test_check_unreadable_and_usage_errors_exit_2(tmp_path: Path) -> None:

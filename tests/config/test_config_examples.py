@@ -54,7 +54,12 @@ def test_modeline_points_at_the_schema_and_an_editor_agrees(path: Path) -> None:
     assert list(jsonschema.Draft7Validator(schema).iter_errors(yaml.safe_load(path.read_text()))) == []
 
 
-def test_demo_runs_two_methods_on_the_tiny_model(configs_copy: Path) -> None:
+def test_demo_runs_three_methods_on_the_tiny_model(configs_copy: Path) -> None:
     demo = load_config(configs_copy / "veloxd.yaml")
-    assert [(e.port, e.method) for e in demo.servers.values()] == [(8181, "kivi"), (8182, "affine")]
+    assert [(e.port, e.method, e.start) for e in demo.servers.values()] == [
+        (8181, "kivi", "always"),
+        (8182, "affine", "always"),
+        (8183, "snapkv", "on_demand"),
+    ]
+    assert demo.gateway is not None and demo.gateway.port == 8080
     assert {e.model for e in demo.servers.values()} == {str(configs_copy.parent / "veloxd" / "assets" / "tiny-llama")}

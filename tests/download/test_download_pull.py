@@ -161,12 +161,34 @@ def test_offline_fails_without_asking_the_hub(hub: HubStandIn, hub_env: dict[str
     assert offline.returncode == 0 and events(offline.stdout)[-1]["event"] == "done"  # complete: fine offline
 
 
-def test_unreachable_hub_is_a_network_error_to_retry(hub_env: dict[str, str]) -> None:
+def test_unreachable_hub_is_a_network_error_to_retry(hub_env: dict[str, str], tmp_path: Path) -> None:
     from tests.support import free_port
 
-    done = pull("--progress-json", "--model", MODEL, env={**hub_env, "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"})
+    env = {**hub_env, "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}"}
+    done = pull("--progress-json", "--model", MODEL, env=env)
     assert done.returncode == EXIT_RETRY
     assert _failed(done)["reason"] == "network"
+    # A person running it (by id, or by entry name through a child) is told what to do, not "retrying".
+    for by_person in (pull("--model", MODEL, env=env), pull("--config", str(_config(tmp_path)), "tiny", env=env)):
+        assert by_person.returncode == EXIT_RETRY
+        [line] = by_person.stderr.splitlines()
+        assert line.startswith(f"veloxd pull: cannot reach {env['HF_ENDPOINT']} to download {MODEL}")
+        assert "retrying" not in line and line.endswith(
+            "check the network connection (and a proxy or HF_ENDPOINT if you use one), then run `veloxd pull` "
+            "again; the files already fetched are kept and it continues where it stopped "
+            "(the daemon retries by itself with backoff)"
+        )
+
+
+def test_pull_checks_model_ids_as_check_does_before_any_request(hub: HubStandIn, hub_env: dict[str, str]) -> None:
+    done = pull("--model", "not-an-id", env=hub_env)
+    assert done.returncode == EXIT_FATAL and hub.requests == []
+    assert done.stderr == (
+        f"veloxd pull: error: --model not-an-id: model 'not-an-id' is neither an existing directory "
+        f"({REPO / 'not-an-id'}) nor a Hugging Face id like 'mlx-community/Qwen2.5-7B-Instruct-4bit'\n"
+    )
+    local = pull("--model", str(TINY), env=hub_env)
+    assert local.returncode == 0 and local.stdout == f"{TINY}: {TINY} is a local directory: nothing to download\n"
 
 
 def _config(tmp_path: Path, model: str = MODEL) -> Path:

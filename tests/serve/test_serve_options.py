@@ -24,7 +24,7 @@ from tests.support import run_reporting_imports, run_veloxd
         ),
         (["--method", "kivi", "--set", "kivi_residual_length=100"], "must be a multiple of kivi_group_size=32"),
         (["--method", "kivi", "--bits", "3"], "bits=3 is not valid for method kivi; choose one of [2, 4]"),
-        (["--method", "fp16", "--bits", "4"], "method fp16 has no bit width"),
+        (["--method", "fp16", "--bits", "4"], "bits does not apply to method fp16 (only to: affine, kivi"),
         (["--method", "kivi", "--seed", "3"], "method kivi uses no random seed"),
         (["--method", "kivi", "--set", "nonsense"], "expected FIELD=VALUE"),
         (["--method", "affine", "--top-p", "1.5"], "--top-p 1.5: must be between 0 and 1"),

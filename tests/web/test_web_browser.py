@@ -62,7 +62,7 @@ def test_page_lists_servers_follows_an_edit_and_a_killed_worker(
     alpha, beta = row(tab, "alpha"), row(tab, "beta")
     assert "the coder" in alpha.inner_text()
     assert beta.locator(".method").inner_text().startswith("kivi · 2 bit")
-    assert beta.locator(".kv").inner_text() == "25.0%"
+    assert beta.locator(".kv .ratio").inner_text() == "25.0%"  # at the length it names below it
     assert "MiB" in alpha.locator(".memory").inner_text()
 
     for _ in range(3):
@@ -175,7 +175,7 @@ def test_dashboard_with_real_workers(browser: Any, tmp_path: Path) -> None:  # n
             )
             tab.wait_for_timeout(15_000)  # some chart history
             for name in servers:  # measured at start: compressed caches hold fewer bytes than fp16
-                assert float(row(tab, name).locator(".kv").inner_text().rstrip("%")) < 100
+                assert float(row(tab, name).locator(".kv .ratio").inner_text().rstrip("%")) < 100
             assert row(tab, "coder").locator(".model").inner_text() == "tiny-llama"
             shot = tmp_path / "dashboard.png"
             tab.screenshot(path=str(shot), full_page=True)

@@ -66,7 +66,7 @@ def run_check(args: argparse.Namespace) -> int:
     result = inspect_config(path)
     valid = result.config is not None
     warnings = [_warning_line(w) for w in result.warnings]
-    warnings += _not_downloaded(path, result.config) if result.config is not None else []
+    warnings += _not_downloaded(path, result.servers, result.spans)
     if args.json:
         print(
             json.dumps({"valid": valid, "errors": [i.to_dict() for i in result.issues], "warnings": warnings}, indent=2)
@@ -86,10 +86,19 @@ def run_check(args: argparse.Namespace) -> int:
             print(warning, file=sys.stderr)
         _warn_memory(result.config)
     else:
-        for issue in result.issues:
-            print(issue, file=sys.stderr)
+        # Every mistake at once: the errors, then the warnings of the entries that did parse.
+        for line in [*map(str, result.issues), *warnings]:
+            print(line, file=sys.stderr)
     if valid:
-        return EXIT_INVALID if args.strict and warnings else EXIT_VALID
+        if args.strict and warnings:
+            count = len(warnings)
+            print(
+                f"{path}: --strict: failing on {count} warning{'s' if count != 1 else ''} (above); "
+                "without --strict the file is valid and the daemon makes only those servers wait",
+                file=sys.stderr,
+            )
+            return EXIT_INVALID
+        return EXIT_VALID
     return EXIT_UNREADABLE if result.unreadable else EXIT_INVALID
 
 
@@ -101,19 +110,21 @@ def _warning_line(issue: Any) -> str:
     )
 
 
-def _not_downloaded(path: str, config: Any) -> list[str]:
-    """A warning per Hugging Face model not yet complete in the cache its server would read."""
+def _not_downloaded(path: str, servers: Any, spans: dict[tuple, Any]) -> list[str]:
+    """A located warning per Hugging Face model not yet complete in the cache its server would read."""
+    from veloxd.config.validate import locate
     from veloxd.daemon.process import worker_env
     from veloxd.download.cache import hub_cache_dir, is_hub_model, local_snapshot
 
     out = []
-    for name, entry in config.servers.items():
+    for name, entry in servers.items():
         env = worker_env(entry.env)
         if is_hub_model(entry.model) and local_snapshot(entry.model, env) is None:
+            where = locate(path, spans, ("servers", name, "model"), "")
             out.append(
-                f"{path}: warning: server {name}: model {entry.model} is not downloaded yet (cache "
-                f"{hub_cache_dir(env)}); the daemon fetches it before the first start, or run "
-                f"`veloxd pull {name}` now"
+                f"{where.file}:{where.line}:{where.column}: warning: model {entry.model} is not downloaded yet "
+                f"(cache {hub_cache_dir(env)}); the daemon fetches it before the first start, or run "
+                f"`veloxd pull {name}` now (at {where.path})"
             )
     return out
 
@@ -241,7 +252,8 @@ def _method_text(entry: Any) -> str:
 
 def _warn_memory(config: Any) -> None:
     """Servers that always run but do not fit the memory budget: a warning, not an error."""
-    from veloxd.daemon.memory import gib, offline_table
+    from veloxd.checks import gib
+    from veloxd.daemon.memory import offline_table
 
     if config.gateway is None:  # the memory budget is the gateway's
         return

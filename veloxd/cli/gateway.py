@@ -8,6 +8,8 @@ import argparse
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser(
         "gateway",
+        help="(internal) the gateway process: one OpenAI endpoint for every server; the daemon runs it for a "
+        "`gateway:` block",
         description="The gateway process; the daemon starts it for a config with a "
         "`gateway:` block (docs/gateway.md). Not meant to be run by hand.",
     )

@@ -45,6 +45,8 @@ def register(sub: Any) -> None:
         help="print machine-readable `VELOXD_DOWNLOAD {json}` "
         "lines on stdout instead of a progress bar (the daemon's download step)",
     )
+    # Set by `veloxd pull NAME` for its children: their failure message goes to a person, not the daemon.
+    p.add_argument("--for-person", action="store_true", help=argparse.SUPPRESS)
     p.add_argument(protocol.LIFELINE_FLAG, type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=run)
 
@@ -56,7 +58,11 @@ def run(args: argparse.Namespace) -> int:
         if args.names:
             print("veloxd pull: error: give server NAMEs or --model, not both", file=sys.stderr)
             return 2
-        return _worst([_pull_here(model, args.progress_json) for model in dict.fromkeys(args.model)])
+        ids = _hub_ids(args.model)
+        if isinstance(ids, int):
+            return ids
+        for_person = args.for_person or not args.progress_json
+        return _worst([_pull_here(model, args.progress_json, for_person) for model in ids])
     targets = _targets(args)
     if isinstance(targets, int):
         return targets
@@ -98,7 +104,37 @@ def _targets(args: argparse.Namespace) -> list[tuple[str, str, dict[str, str]]] 
     return [(f"{'+'.join(names)} ({model})", model, worker_env(dict(env))) for (model, env), names in targets.items()]
 
 
-def _pull_here(model: str, as_json: bool) -> int:
+def _hub_ids(models: list[str]) -> list[str] | int:
+    """The --model values to fetch, each checked as `veloxd check` checks `model:`; exit 2 naming any that
+    is neither a Hugging Face id nor an existing directory (a local directory needs no download)."""
+    from veloxd.checks import is_hf_id, resolve_model
+
+    ids, refused = [], False
+    for model in dict.fromkeys(models):
+        if is_hf_id(model):
+            ids.append(model)
+            continue
+        ref = resolve_model(model, Path.cwd())
+        if ref.problem:
+            print(f"veloxd pull: error: --model {model}: {ref.problem}", file=sys.stderr)
+            refused = True
+        else:
+            print(f"{model}: {ref.value} is a local directory: nothing to download")
+    return 2 if refused else ids
+
+
+def next_step(reason: str, message: str) -> str:
+    """A failure as a person running `veloxd pull` should read it: what to do next, not what the daemon does."""
+    if reason == "network":
+        return (
+            message.removesuffix("; retrying") + ": check the network connection (and a proxy or HF_ENDPOINT if "
+            "you use one), then run `veloxd pull` again; the files already fetched are kept and it continues "
+            "where it stopped (the daemon retries by itself with backoff)"
+        )
+    return message
+
+
+def _pull_here(model: str, as_json: bool, for_person: bool) -> int:
     """Pull in this process (`--model`): the download step itself."""
     from veloxd.download.fetch import pull
     from veloxd.download.hub import DownloadError
@@ -110,7 +146,8 @@ def _pull_here(model: str, as_json: bool) -> int:
     except DownloadError as err:
         if as_json:
             renderer("failed", model=model, reason=err.reason, message=err.message)
-        print(f"veloxd pull: {err.message}", file=sys.stderr, flush=True)
+        shown = next_step(err.reason, err.message) if for_person else err.message
+        print(f"veloxd pull: {shown}", file=sys.stderr, flush=True)
         return exit_code_for(err.reason)
     except KeyboardInterrupt:
         if not as_json:  # as a child of `veloxd pull NAME`, the parent says it once
@@ -126,7 +163,7 @@ def _pull_child(label: str, model: str, env: dict[str, str], as_json: bool) -> i
     from veloxd.download.protocol import parse_line
 
     renderer = _renderer(label, as_json)
-    argv = [sys.executable, "-m", "veloxd", "pull", "--progress-json", "--model", model]
+    argv = [sys.executable, "-m", "veloxd", "pull", "--progress-json", "--for-person", "--model", model]
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True, errors="replace")
     assert proc.stdout is not None
     try:

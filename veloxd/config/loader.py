@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +35,8 @@ class Inspection:
     # Conditions of the world (a model path that does not exist yet...): the file is valid, and
     # the daemon makes only the entry concerned wait (veloxd.config.world).
     warnings: list[ConfigIssue] = field(default_factory=list)
+    spans: dict[tuple, Any] = field(default_factory=dict)  # YAML positions, to locate later findings too
+    servers: Mapping[str, ServerEntry] = field(default_factory=dict)  # the entries that parsed, even in an invalid file
 
 
 def load_config(path: str | os.PathLike) -> Config:
@@ -114,13 +117,14 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
         problems = check_dashboard(raw_dashboard, _endpoints(raw_servers))
         issues += [locate(file, spans, ("dashboard", *p), message) for p, message in problems]
         dashboard = dashboard_from_dict(raw_dashboard)
-    if issues:
-        return _invalid(issues)
+    # Computed for the entries that did parse even when others are wrong: `check` shows every mistake at once.
     warnings = [
         locate(file, spans, ("servers", name) + condition.path, condition.message)
         for name, entry in servers.items()
         for condition in entry_conditions(entry, ports=False)
     ]
+    if issues:
+        return Inspection(None, _sorted(issues), warnings=_sorted(warnings), spans=spans, servers=servers)
     config = Config(
         version=VERSION,
         servers=with_assigned_ports(servers, gateway),
@@ -129,7 +133,7 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
         dashboard=dashboard,
         gateway=gateway,
     )
-    return Inspection(config, warnings=_sorted(warnings))
+    return Inspection(config, warnings=_sorted(warnings), spans=spans, servers=config.servers)
 
 
 def _invalid(issues: list[ConfigIssue]) -> Inspection:

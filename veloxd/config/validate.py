@@ -162,7 +162,9 @@ def _value_message(err: ValidationError, path: tuple, value: Any, data: Any) -> 
     for_method = f" for method {method}" if method and path[2:3] == ("overrides",) else ""
     key = path[-1] if path else None
     if kind == "not" and key in OWN_KEYS:
-        having = registry.methods_with_bits() if key == "bits" else owners(key)
+        if key == "bits" and method:
+            return registry.bits_refusal(method, short_repr(value))
+        having = owners(key)
         hybrids = [m for m in having if registry.parts(m)[0] == method and m != method]
         plain = [m for m in having if registry.get(m).family != "hybrid"]
         hint = f"; to keep {method}'s tokens as {short_repr(value)}-bit codes use method {', '.join(hybrids)}"

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from veloxd.checks import near_siblings
 from veloxd.endpoints import port_holder, port_in_use
 
 
@@ -41,7 +42,7 @@ def local_path(model: str) -> Path | None:
 
 def model_problem(path: Path) -> str | None:
     if not path.exists():
-        return f"model path {path} does not exist (yet)"
+        return f"model path {path} does not exist (yet){near_siblings(path)}"
     if not path.is_dir():
         return f"model path {path} is a file; expected an MLX model directory"
     if not (path / "config.json").is_file():

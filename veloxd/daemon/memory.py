@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from veloxd.checks import gib
 from veloxd.daemon.statefile import read_state
 from veloxd.files import write_json_atomic
 
@@ -177,13 +178,23 @@ def budget_for(gateway: Any, measurements: Mapping[str, Any]) -> tuple[int | Non
     )
 
 
+def kv_per_token_text(row: Mapping[str, Any]) -> str:
+    """KV/TOKEN of the memory table; an evicting cache measured flat says it is capped, never a bare 0 B."""
+    per_token, per_sequence = row["kv_bytes_per_token"], row.get("kv_bytes_per_sequence")
+    if per_token is None:
+        return "unmeasured"
+    if per_token < 1 and per_sequence:
+        return f"capped ({gib(per_sequence)} a sequence)"
+    return f"{per_token:.0f} B"
+
+
 def render_table(table: Mapping[str, Any]) -> list[str]:
     """The memory table as text lines (`veloxd status`, `veloxd plan`)."""
     lines = [f"memory: budget {gib(table['budget'])} ({table['budget_source']}), in use {gib(table['in_use'])}"]
     header = ("NAME", "START", "STATE", "NEED", "WEIGHTS", "KV/TOKEN", "CONTEXT", "CONCURRENCY")
     rows = [header]
     for name, row in table["servers"].items():
-        kv = f"{row['kv_bytes_per_token']:.0f} B" if row["kv_bytes_per_token"] is not None else "unmeasured"
+        kv = kv_per_token_text(row)
         rows.append(
             (
                 name,
@@ -248,13 +259,3 @@ def default_budget(physical: int | None, recommended_working_set: int | None) ->
     if recommended_working_set:
         candidates.append(int(recommended_working_set))
     return min(candidates) if candidates else None
-
-
-def gib(n: int | float | None) -> str:
-    """Bytes as people read them in a table: '1.50 GiB', '12.0 MiB'."""
-    if n is None:
-        return "?"
-    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= size:
-            return f"{n / size:.2f} {unit}" if unit == "GiB" else f"{n / size:.1f} {unit}"
-    return f"{int(n)} B"

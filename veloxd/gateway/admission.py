@@ -9,6 +9,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from veloxd.checks import gib
+
 
 @dataclass(frozen=True)
 class Resident:
@@ -36,8 +38,8 @@ class Refuse:
 
     def message(self, name: str) -> str:
         return (
-            f"cannot start '{name}': it needs {self.need} bytes, the memory budget is {self.budget} bytes "
-            f"and {self.in_use} are in use ({self.reason})"
+            f"cannot start '{name}': it needs {gib(self.need)}, the memory budget is {gib(self.budget)} "
+            f"and {gib(self.in_use)} are in use ({self.reason})"
         )
 
 

@@ -266,6 +266,8 @@ class KVCacheConfig:
             config_rules.check_setting(f, getattr(self, f.name), self.method)
         if self.bits is None:
             object.__setattr__(self, "bits", info.default_bits)
+        elif not info.bits_choices:
+            raise KVConfigError("bits", registry.bits_refusal(self.method, self.bits))
         elif self.bits not in info.bits_choices:
             raise KVConfigError(
                 "bits",

@@ -107,11 +107,15 @@ def summary(figure: dict[str, Any], context: int = REPORT_LENGTHS[0]) -> dict[st
     """The short form READY keeps as `kv_bytes_per_token` (read by the console, dashboard and
     metrics): bytes per added token, and the total ratio to fp16 at `context` tokens."""
     at = figure["at"][str(context)]
+    caps = figure.get("eviction_cap_tokens") or []
     return {
         "method": figure["bytes_per_token"]["method"],
         "fp16": figure["bytes_per_token"]["fp16"],
         "ratio": at["ratio"],
         "tokens": context,
+        # An evicting cache stops growing at its cap: its per-token figure holds below it only (it may be 0).
+        "cap_tokens": min(caps) if caps else None,
+        "capped_bytes": figure.get("capped_bytes"),
         "source": f"derived from kv_memory: bytes per added token (measured), ratio of totals at {context} tokens",
     }
 

@@ -278,3 +278,15 @@ def with_hybrids(*names: str) -> tuple[str, ...]:
 
 def methods_with_bits() -> tuple[str, ...]:
     return tuple(m.name for m in METHODS if m.bits_choices)
+
+
+def bits_refusal(method: str, bits: object) -> str:
+    """Why `bits` is refused for `method`, which has no bit width: every method that has one, hybrids included."""
+    having = methods_with_bits()
+    plain = [m for m in having if _BY_NAME[m].family != "hybrid"]
+    hybrids = [m for m in having if _BY_NAME[m].family == "hybrid"]
+    own = [m for m in hybrids if _BY_NAME[m].parts[0] == method]
+    text = f"bits does not apply to method {method} (only to: {', '.join(plain)}, and the hybrids {', '.join(hybrids)})"
+    if own:
+        text += f"; to keep {method}'s tokens as {bits}-bit codes use method {', '.join(own)}"
+    return text

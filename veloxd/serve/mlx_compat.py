@@ -370,8 +370,6 @@ def handler_class(
                 self.rfile = socket_file
 
         def handle_completion(self, request: Any, stop_words: list[str]) -> None:
-            if self.requested_model == "default_model":
-                self.requested_model = model_id  # responses name the served model
             wrong = [
                 value
                 for value, allowed in (
@@ -389,6 +387,7 @@ def handler_class(
                     "model_not_found",
                 )
                 return
+            self.requested_model = model_id  # responses name the served model, whichever accepted name was used
             generator = cast(StoppableGenerator, self._shared_generator)
             provider = cast(PinnedProvider, generator.model_provider)
             while not provider.loaded.wait(1.0):  # a request that beat the model load waits for it

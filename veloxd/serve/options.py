@@ -123,7 +123,7 @@ def kv_config(args: Any) -> KVCacheConfig:
     common: dict[str, Any] = {}
     if args.bits is not None:
         if not info.bits_choices:
-            raise UsageError(f"--bits: method {info.name} has no bit width")
+            raise UsageError(f"--bits: {registry.bits_refusal(info.name, args.bits)}")
         common["bits"] = args.bits
     if args.seed is not None:
         if "seed" not in fields_for(info.name):

@@ -138,7 +138,8 @@ def mlx_server_args(options: ServeOptions, **extra: Any) -> argparse.Namespace:
 def bind_server(options: ServeOptions, provider: PinnedProvider, model_id: str, names: set[str]) -> ServerHandle | None:
     """The HTTP server on --host/--port; None (the reason printed) when the port cannot be bound."""
     try:
-        handler = handler_class(model_id, names, options.api_key, limits=options.limits)
+        shown = options.served_names[0] if options.served_names else model_id  # the entry's name, under a daemon
+        handler = handler_class(shown, names, options.api_key, limits=options.limits)
         return ServerHandle(options.host, options.port, provider, handler)
     except OSError as err:
         print(

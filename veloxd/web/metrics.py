@@ -113,7 +113,8 @@ class VeloxdCollector:
         kv = GaugeMetricFamily(
             "veloxd_kv_cache_bytes_per_token",
             "Measured KV-cache bytes per token at the "
-            "worker's start: its method's cache and the fp16 cache on the same tokens.",
+            "worker's start: its method's cache and the fp16 cache on the same tokens. An evicting "
+            "method's figure holds below its cap only (veloxd_kv_cache_capped_tokens), and may be 0.",
             labels=["server", "cache"],
         )
         for s in servers:
@@ -122,9 +123,22 @@ class VeloxdCollector:
                     kv.add_metric([s["name"], cache], float(s[key]))
         yield kv
         yield _gauge(
+            "veloxd_kv_cache_capped_tokens",
+            "Tokens an evicting method's cache stops growing at (its budget); its bytes there are "
+            "veloxd_kv_cache_capped_bytes. Absent for methods that keep every token.",
+            [([s["name"]], s.get("kv_cap_tokens")) for s in servers],
+            labels=["server"],
+        )
+        yield _gauge(
+            "veloxd_kv_cache_capped_bytes",
+            "Measured KV bytes of one sequence at an evicting method's cap (what it holds from then on).",
+            [([s["name"]], s.get("kv_capped_bytes")) for s in servers],
+            labels=["server"],
+        )
+        yield _gauge(
             "veloxd_kv_cache_compression_ratio",
             "Measured KV bytes of the method over fp16's, totals at READY's reference length "
-            "(a method's fp16 residual window included; lower is smaller).",
+            "(4096 tokens; a method's fp16 residual window included; lower is smaller).",
             [([s["name"]], s["kv_ratio"]) for s in servers],
             labels=["server"],
         )

@@ -27,6 +27,7 @@ from veloxd.daemon.console import summary_text
 from veloxd.daemon.control import DaemonUnreachable, request_at, socket_path_of
 from veloxd.endpoints import connect_host
 from veloxd.serve.stats import STATS_PATH
+from veloxd.web.memory_view import memory_view
 
 LOG_KEEP = 2000  # events kept for the log tail of a newly opened page
 STATS_TIMEOUT_S = 2.0
@@ -222,6 +223,9 @@ class Monitor:
             "description": entry.get("description") or "",
             "start": entry.get("start") or "always",  # on_demand: the gateway's page offers start / unload
             "kv_ratio": kv.get("ratio"),
+            "kv_ratio_tokens": kv.get("tokens"),  # the length the ratio of totals is taken at
+            "kv_cap_tokens": kv.get("cap_tokens"),  # an evicting cache: its per-token figure holds below this
+            "kv_capped_bytes": kv.get("capped_bytes"),
             "kv_bytes_per_token": kv.get("method"),
             "fp16_bytes_per_token": kv.get("fp16"),
             "rss_bytes": rss,
@@ -251,6 +255,7 @@ class Monitor:
             "degraded": self.state.get("degraded"),
             "last_reload": self.state.get("last_reload"),
             "servers": list(self.servers.values()),
+            "memory": memory_view(self.state.get("memory"), self.servers),  # None without a gateway
         }
 
     def log_tail(self, server: str | None = None, text: str | None = None, limit: int = 500) -> list[dict[str, Any]]:

@@ -50,8 +50,27 @@ function renderHeader(s) {
   }
   const reload = s.last_reload;
   $("reload").textContent = reload
-    ? (reload.ok ? `config ok (${reload.source}, ${clock(reload.at)})` : `last reload FAILED at ${clock(reload.at)}: ${(reload.errors || []).join("; ")}`)
+    ? (reload.ok ? `config ok (${reload.source}, ${clock(reload.at)})` : `last reload FAILED at ${clock(reload.at)}`)
     : "";
+  // A failed reload is a banner with its first error (the rest are in the log, one click away).
+  const failed = !!reload && !reload.ok;
+  $("reload-failed").hidden = !failed;
+  if (failed) {
+    const errors = reload.errors || [];
+    const more = errors.length > 1 ? ` (and ${errors.length - 1} more)` : "";
+    $("reload-failed-text").textContent =
+      `at ${clock(reload.at)}: ${errors[0] || "see the log"}${more}. ` +
+      (reload.kept_config_sha256 ? "The last good config still runs." : "No valid config was loaded before: no server runs.");
+  }
+}
+function showReloadFailure(event) {
+  event.preventDefault();
+  $("log-server").value = "";
+  $("log-filter").value = "config_reload_failed";
+  renderLogs();
+  const lines = $("log-lines").children;
+  const last = lines[lines.length - 1];
+  if (last) { last.classList.add("flash"); last.scrollIntoView({ block: "nearest" }); }
 }
 
 // ---- servers ----------------------------------------------------------------------------
@@ -60,6 +79,21 @@ function modelCell(model) {
   const text = String(model || "");
   const cell = el("td", "model", text.startsWith("/") ? text.split("/").filter(Boolean).pop() : text);
   cell.title = text;
+  return cell;
+}
+function kvPerToken(s) {
+  // An evicting cache stops growing at its cap: say so rather than show its flat slope as "0 B/token".
+  if (s.kv_cap_tokens) return `capped at ${s.kv_cap_tokens} tokens (${bytes(s.kv_capped_bytes)})`;
+  return s.kv_bytes_per_token ? `${num(s.kv_bytes_per_token)} B/token` : "";
+}
+function tokensText(n) {
+  return n % 1024 === 0 ? `${n / 1024}k` : String(n);
+}
+function kvRatioCell(s) {
+  const cell = el("td", "num kv");
+  if (s.kv_ratio === null || s.kv_ratio === undefined) { cell.textContent = "–"; return cell; }
+  cell.append(el("span", "ratio", `${(s.kv_ratio * 100).toFixed(1)}%`));
+  if (s.kv_ratio_tokens) cell.append(el("span", "sub", `at ${tokensText(s.kv_ratio_tokens)} tokens`));
   return cell;
 }
 // Rows and their action buttons persist across updates (a click never lands on a replaced node).
@@ -102,16 +136,16 @@ function renderServers() {
     state.append(el("span", `state state-${s.state}`, s.state));
     if (s.download && s.state === "downloading") state.append(el("span", "sub", `${num(s.download.percent, 0)}% of ${bytes(s.download.total_bytes)}`));
     const method = el("td", "method", s.method + (s.bits !== null && s.bits !== undefined ? ` · ${s.bits} bit` : ""));
-    if (s.kv_bytes_per_token) method.append(el("span", "sub", `${num(s.kv_bytes_per_token)} B/token`));
+    const perToken = kvPerToken(s);
+    if (perToken) method.append(el("span", "sub kv-per-token", perToken));
     row.replaceChildren(
-      name, state, modelCell(s.model), method,
-      el("td", "num kv", s.kv_ratio === null || s.kv_ratio === undefined ? "–" : `${(s.kv_ratio * 100).toFixed(1)}%`),
-      el("td", "num memory", bytes(s.rss_bytes)),
-      el("td", "num uptime", duration(s.uptime_s)),
-      el("td", "num restarts", s.restarts),
-      el("td", "num requests", num(s.requests)),
+      name, state, modelCell(s.model), method, kvRatioCell(s),
+      el("td", "num memory wide", bytes(s.rss_bytes)),
+      el("td", "num uptime wide", duration(s.uptime_s)),
+      el("td", "num restarts wide", s.restarts),
+      el("td", "num requests wide", num(s.requests)),
       el("td", "num tps", num(s.tokens_per_s, 1)),
-      el("td", "error", s.last_error || ""),
+      el("td", "error wide", s.last_error || ""),
       actions,
     );
     if (body.children[index] !== row) body.insertBefore(row, body.children[index] || null);
@@ -131,8 +165,51 @@ function renderServers() {
   }
 }
 
+// ---- memory (the gateway's budget and what admission decides with) ----------------------
+function admissionText(a) {
+  if (!a) return "";
+  if (!a.fits) return a.message;
+  return a.would_unload.length ? `starting it would unload ${a.would_unload.join(", ")}` : "fits: starts at once";
+}
+function renderMemory(m) {
+  $("memory").hidden = !m;
+  if (!m) return;
+  const budget = m.budget_bytes, used = m.in_use_bytes || 0;
+  $("memory-summary").textContent =
+    `budget ${bytes(budget)} (${m.budget_source}) · in use ${bytes(used)}` +
+    (m.always_over_budget.length ? ` · over budget from: ${m.always_over_budget.join(", ")}` : "");
+  const bar = $("memory-bar");
+  bar.style.width = budget ? `${Math.min(100, (100 * used) / budget).toFixed(1)}%` : "0";
+  bar.parentElement.classList.toggle("over", !!budget && used > budget);
+  const body = document.querySelector("#memory-table tbody");
+  body.replaceChildren(...m.entries.map((e) => {
+    const row = el("tr");
+    row.dataset.entry = e.name;
+    const admission = el("td", "admission" + (e.admission && !e.admission.fits ? " refused" : ""), admissionText(e.admission));
+    row.append(
+      el("td", "name", e.name), el("td", null, e.start), el("td", `state state-${e.state}`, e.state),
+      el("td", "num need", bytes(e.need_bytes)),
+      el("td", "num wide", `${bytes(e.weights_bytes)} (${e.weights_source})`),
+      el("td", "num wide", e.kv_per_token), admission,
+    );
+    return row;
+  }));
+}
+
 // ---- charts (canvas, drawn by hand) -----------------------------------------------------
-function drawChart(canvas, key, format) {
+function niceStep(raw) {
+  // 1, 2 or 5 times a power of ten: ticks people read at a glance (not 258.8 MiB, 53 tok/s).
+  const power = Math.pow(10, Math.floor(Math.log10(raw)));
+  const f = raw / power;
+  return (f <= 1 ? 1 : f <= 2 ? 2 : f <= 5 ? 5 : 10) * power;
+}
+function byteScale(max) {
+  const units = [["B", 1], ["KiB", 1024], ["MiB", 1024 ** 2], ["GiB", 1024 ** 3]];
+  let pick = units[0];
+  for (const u of units) if (max >= u[1]) pick = u;
+  return pick;
+}
+function drawChart(canvas, key, kind, names) {
   const ratio = window.devicePixelRatio || 1;
   const width = canvas.clientWidth, height = canvas.clientHeight || 180;
   canvas.width = width * ratio; canvas.height = height * ratio;
@@ -142,20 +219,30 @@ function drawChart(canvas, key, format) {
   const style = getComputedStyle(document.body);
   const muted = style.getPropertyValue("--muted") || "#888", line = style.getPropertyValue("--line") || "#ddd";
   const points = page.history;
-  const names = page.servers.map((s) => s.name);
   const left = 64, right = 10, top = 8, bottom = 22;
   const w = width - left - right, h = height - top - bottom;
-  let max = 0;
-  points.forEach((p) => names.forEach((n) => { const v = ((p.servers || {})[n] || {})[key]; if (v > max) max = v; }));
-  max = max > 0 ? max * 1.1 : 1;
+  let peak = 0;
+  points.forEach((p) => names.forEach((n) => { const v = ((p.servers || {})[n] || {})[key]; if (v > peak) peak = v; }));
+  const [unit, scale] = kind === "bytes" ? byteScale(peak) : ["", 1];
+  const step = niceStep(Math.max(peak / scale, kind === "bytes" ? 1 : 0.5) / 4);
+  const ticks = Math.max(1, Math.ceil(peak / scale / step));
+  const max = ticks * step * scale;
+  const label = (v) => {
+    const shown = Number((v / scale).toFixed(6));
+    return kind === "bytes" ? `${shown} ${unit}` : String(shown);
+  };
   ctx.font = "11px system-ui, sans-serif";
   ctx.fillStyle = muted; ctx.strokeStyle = line; ctx.lineWidth = 1;
-  for (let i = 0; i <= 4; i += 1) {
-    const y = top + h - (h * i) / 4;
+  canvas.dataset.ticks = "";
+  for (let i = 0; i <= ticks; i += 1) {
+    const y = top + h - (h * i) / ticks;
     ctx.beginPath(); ctx.moveTo(left, y); ctx.lineTo(left + w, y); ctx.stroke();
     ctx.textAlign = "right"; ctx.textBaseline = "middle";
-    ctx.fillText(format((max * i) / 4), left - 6, y);
+    const text = label(i * step * scale);
+    ctx.fillText(text, left - 6, y);
+    canvas.dataset.ticks += (i ? "|" : "") + text; // what was drawn, for tests and curious readers
   }
+  canvas.dataset.series = names.join("|");
   if (points.length < 2) {
     ctx.textAlign = "center"; ctx.fillText("collecting…", left + w / 2, top + h / 2);
     return;
@@ -164,8 +251,10 @@ function drawChart(canvas, key, format) {
   ctx.textAlign = "left"; ctx.textBaseline = "top";
   ctx.fillText(`${duration(span)} ago`, left, top + h + 6);
   ctx.textAlign = "right"; ctx.fillText("now", left + w, top + h + 6);
+  const all = page.servers.map((s) => s.name);
   names.forEach((n, i) => {
-    ctx.strokeStyle = PALETTE[i % PALETTE.length]; ctx.lineWidth = 1.6; ctx.beginPath();
+    const color = PALETTE[Math.max(0, all.indexOf(n)) % PALETTE.length]; // a server keeps its color in both charts
+    ctx.strokeStyle = color; ctx.lineWidth = 1.6; ctx.beginPath();
     let drawing = false;
     points.forEach((p) => {
       const v = ((p.servers || {})[n] || {})[key];
@@ -175,13 +264,15 @@ function drawChart(canvas, key, format) {
       drawing = true;
     });
     ctx.stroke();
-    ctx.fillStyle = PALETTE[i % PALETTE.length]; ctx.textAlign = "left"; ctx.textBaseline = "top";
+    ctx.fillStyle = color; ctx.textAlign = "left"; ctx.textBaseline = "top";
     ctx.fillText(`■ ${n}`, left + 8 + i * 110, top + 2);
   });
 }
 function renderCharts() {
-  drawChart($("chart-memory"), "rss", bytes);
-  drawChart($("chart-tps"), "tps", (v) => v.toFixed(v < 10 ? 1 : 0));
+  const names = page.servers.map((s) => s.name);
+  drawChart($("chart-memory"), "rss", "bytes", names);
+  // @gateway and @dashboard generate no tokens: only model servers belong in that chart.
+  drawChart($("chart-tps"), "tps", "count", names.filter((n) => !n.startsWith("@")));
 }
 
 // ---- log tail ---------------------------------------------------------------------------
@@ -189,9 +280,15 @@ function eventText(e) {
   // `text` is the console's rendering of the event's few keys (veloxd/daemon/console.py).
   return (e.event === "server_output" ? "" : `${e.event} `) + (e.text || e.line || "");
 }
+// mlx_lm logs several lines per request (prompt progress, prompt-cache sizes): noise in a tail.
+const PROGRESS = /^(?:\S+ - )?(?:INFO[ :-]+)?(?:Prompt processing progress: \d+\/\d+|Prompt Cache: \d+ sequences|- \w+: \d+ sequences, )/;
+function isProgress(e) {
+  return e.event === "server_output" && PROGRESS.test(String(e.line || e.text || "").trim());
+}
 function logMatches(e) {
   const server = $("log-server").value, needle = $("log-filter").value.trim().toLowerCase();
   if (server && e.server !== server) return false;
+  if (!$("log-progress").checked && isProgress(e)) return false;
   return !needle || `${e.server || ""} ${eventText(e)}`.toLowerCase().includes(needle);
 }
 function logLine(e) {
@@ -244,6 +341,7 @@ function applyState(s) {
   page.servers = s.servers || [];
   renderHeader(s);
   renderServers();
+  renderMemory(s.memory);
 }
 async function load() {
   const state = await (await fetch("api/state")).json();
@@ -282,6 +380,8 @@ function connect() {
 
 $("log-server").addEventListener("change", renderLogs);
 $("log-filter").addEventListener("input", renderLogs);
+$("log-progress").addEventListener("change", renderLogs);
+$("reload-failed-link").addEventListener("click", showReloadFailure);
 $("token-form").addEventListener("submit", (event) => {
   event.preventDefault();
   sessionStorage.setItem("veloxd-token", $("token").value);

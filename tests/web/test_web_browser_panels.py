@@ -1,0 +1,186 @@
+"""The dashboard's panels in a real headless Chromium: the gateway's memory panel, the log tail
+without mlx_lm's per-request lines (a toggle shows them), the failed-reload banner, the charts'
+series and ticks, and the layout at 420 px. Stand-in workers: no model loads.
+"""
+
+from __future__ import annotations
+
+import itertools
+import shlex
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.fixtures.daemon_harness import FAKE_WORKER, DaemonHarness, entry
+from tests.gateway.support import GATEWAY, fake_entry, gateway_yaml, model_dir, post
+from tests.support import free_port
+from tests.web.browser import VIEWPORT, browser  # noqa: F401 - the fixture
+from tests.web.support import Page, config_text
+
+TIMEOUT_MS = 60_000
+# What mlx_lm's server logs around each request (mlx_lm/server.py), as the daemon's log carries it.
+PROGRESS_LINES = (
+    "INFO Prompt processing progress: 9/9",
+    "INFO Prompt Cache: 1 sequences, 0.00 GB",
+    "INFO - KVCache: 1 sequences, 0.00 GB",
+)
+
+
+def chatty_worker(root: Path) -> str:
+    """A worker command: mlx_lm's progress lines on stderr, then the stand-in worker."""
+    script = root / "chatty_worker.sh"
+    echoes = "".join(f"echo {shlex.quote(line)} >&2\n" for line in PROGRESS_LINES)
+    script.write_text(f'#!/bin/sh\n{echoes}exec {shlex.quote(sys.executable)} {shlex.quote(str(FAKE_WORKER))} "$@"\n')
+    return f"sh {shlex.quote(str(script))}"
+
+
+@pytest.fixture
+def dashboard(tmp_path: Path) -> Iterator[tuple[DaemonHarness, Page, dict[str, Any]]]:
+    h = DaemonHarness(tmp_path)
+    h.worker_command = chatty_worker(tmp_path)
+    page = Page(h, free_port())
+    servers = {"alpha": entry(free_port()), "beta": entry(free_port(), method="kivi", bits=2)}
+    h.write(config_text(servers, {"port": page.port, "interval_s": 0.5}))
+    try:
+        h.start()
+        h.wait_states({"alpha": "ready", "beta": "ready"})
+        page.wait_ready()
+        yield h, page, servers
+    finally:
+        h.cleanup()
+
+
+@pytest.fixture
+def gateway(tmp_path: Path) -> Iterator[tuple[DaemonHarness, Page]]:
+    """alpha always runs; one and two are on demand and do not fit the budget together (1 MB each of 1.5 MB)."""
+    h = DaemonHarness(tmp_path)
+    page = Page(h, free_port(), process=GATEWAY)
+    big = {"weights_bytes": 1_000_000}
+    # Ports given: an assigned one (a hash of the name) may be held by a parallel test's entry of that name.
+    servers = {
+        "alpha": fake_entry(model_dir(tmp_path, "alpha"), port=free_port()),
+        "one": fake_entry(model_dir(tmp_path, "one", **big), start="on_demand", port=free_port()),
+        "two": fake_entry(model_dir(tmp_path, "two", **big), start="on_demand", port=free_port()),
+    }
+    h.write(gateway_yaml({"port": page.port, "memory_budget": 1_500_000}, servers))
+    try:
+        h.start()
+        h.wait_states({GATEWAY: "ready", "alpha": "ready", "one": "stopped", "two": "stopped"})
+        yield h, page
+    finally:
+        h.cleanup()
+
+
+def open_page(browser: Any, page: Page, width: int = VIEWPORT["width"]) -> Any:  # noqa: F811
+    tab = browser.new_page(viewport={**VIEWPORT, "width": width})
+    missing: list[str] = []
+    tab.on("response", lambda r: missing.append(r.url) if r.status >= 400 else None)
+    tab.goto(page.url)
+    tab.wait_for_selector("tr[data-server='alpha'][data-state='ready']", timeout=TIMEOUT_MS)
+    tab.evaluate("window.veloxdTestMarker = 'not reloaded'")
+    tab.missing = missing
+    return tab
+
+
+def admission(tab: Any, name: str) -> str:
+    return str(tab.locator(f"#memory-table tr[data-entry='{name}'] .admission").inner_text())
+
+
+def test_memory_panel_shows_budget_use_needs_and_what_admission_would_unload(
+    browser: Any,  # noqa: F811
+    gateway: tuple[DaemonHarness, Page],
+) -> None:
+    _, page = gateway
+    tab = open_page(browser, page)
+    tab.wait_for_selector("#memory:not([hidden]) tr[data-entry='two']", timeout=TIMEOUT_MS)
+    summary = tab.locator("#memory-summary").inner_text()
+    assert summary.startswith("budget 1.4 MiB (gateway.memory_budget) · in use ")
+    assert [r for r in tab.eval_on_selector_all("#memory-table tbody tr", "rs => rs.map(r => r.dataset.entry)")] == [
+        "alpha",
+        "one",
+        "two",
+    ]
+    assert tab.locator("#memory-table tr[data-entry='one'] .need").inner_text() == "976.6 KiB"  # 1 MB of weights
+    assert admission(tab, "alpha") == ""  # always runs: nothing to decide
+    assert admission(tab, "one") == admission(tab, "two") == "fits: starts at once"
+
+    assert post(page.url.rstrip("/"), "/v1/completions", {"model": "one", "prompt": "x"})[0] == 200
+    tab.wait_for_function(
+        "(() => { const c = document.querySelector(\"#memory-table tr[data-entry='two'] .admission\");"
+        " return c && c.textContent === 'starting it would unload one'; })()",
+        timeout=TIMEOUT_MS,
+    )
+    tab.wait_for_selector("#memory-table tr[data-entry='one'] .state-ready", timeout=TIMEOUT_MS)
+    # The tokens-per-second chart draws model servers only; memory includes the gateway's own process.
+    tab.wait_for_function("document.querySelector('#chart-tps').dataset.series === 'alpha|one|two'", timeout=TIMEOUT_MS)
+    assert "@gateway" in tab.locator("#chart-memory").get_attribute("data-series")
+    ticks = tab.locator("#chart-memory").get_attribute("data-ticks").split("|")
+    assert len({tick.split()[1] for tick in ticks}) == 1, ticks  # one unit on the axis
+    steps = {round(float(b.split()[0]) - float(a.split()[0]), 6) for a, b in itertools.pairwise(ticks)}
+    assert len(steps) == 1 and f"{steps.pop():e}"[0] in "125", ticks  # a round step: 1, 2 or 5 x 10^k
+    assert tab.missing == [] and tab.evaluate("window.veloxdTestMarker") == "not reloaded"
+    tab.close()
+
+
+def test_log_tail_hides_mlx_lm_progress_until_asked_and_a_failed_reload_is_a_banner(
+    browser: Any,  # noqa: F811
+    dashboard: tuple[DaemonHarness, Page, dict[str, Any]],
+) -> None:
+    h, page, servers = dashboard
+    tab = open_page(browser, page)
+    tab.wait_for_function("document.querySelectorAll('#log-lines li').length > 5", timeout=TIMEOUT_MS)
+    shown = tab.locator("#log-lines").inner_text()
+    assert "fake worker: loading" in shown
+    assert not any(line in shown for line in PROGRESS_LINES)
+    tab.check("#log-progress")
+    tab.wait_for_function(
+        "document.querySelector('#log-lines').textContent.includes('Prompt processing progress: 9/9')",
+        timeout=TIMEOUT_MS,
+    )
+    assert all(line in tab.locator("#log-lines").inner_text() for line in PROGRESS_LINES)
+    tab.uncheck("#log-progress")
+    assert "Prompt processing progress" not in tab.locator("#log-lines").inner_text()
+
+    assert tab.locator("#reload-failed").is_hidden()
+    broken = config_text(servers, {"port": page.port, "interval_s": 0.5}).replace(
+        '"method": "kivi"', '"method": "kiwi"'
+    )
+    h.write(broken)
+    tab.wait_for_selector("#reload-failed:not([hidden])", timeout=TIMEOUT_MS)
+    banner = tab.locator("#reload-failed").inner_text()
+    assert "Config reload failed" in banner and "unknown method 'kiwi'; did you mean 'kivi'?" in banner
+    assert "The last good config still runs." in banner
+    tab.click("#reload-failed-link")
+    assert tab.input_value("#log-filter") == "config_reload_failed"
+    last = tab.locator("#log-lines li").last
+    assert "config_reload_failed" in last.inner_text() and "flash" in str(last.get_attribute("class"))
+
+    h.write(config_text(servers, {"port": page.port, "interval_s": 0.5}))  # fixed: the banner goes
+    tab.wait_for_selector("#reload-failed", state="hidden", timeout=TIMEOUT_MS)
+    assert tab.evaluate("window.veloxdTestMarker") == "not reloaded"
+    tab.close()
+
+
+def test_the_page_fits_a_420_px_window(
+    browser: Any,  # noqa: F811
+    dashboard: tuple[DaemonHarness, Page, dict[str, Any]],
+    tmp_path: Path,
+) -> None:
+    _, page, _ = dashboard
+    tab = open_page(browser, page, width=420)
+    tab.wait_for_function("document.querySelectorAll('#log-lines li').length > 5", timeout=TIMEOUT_MS)
+    tab.screenshot(path=str(tmp_path / "dashboard-420.png"), full_page=True)
+    assert tab.evaluate("document.documentElement.scrollWidth") <= 420  # no sideways scrolling of the page
+    for name in ("alpha", "beta"):  # name, state, KV ratio and tokens per second stay in view
+        for cell in (".name", ".state", ".kv", ".tps"):
+            box = tab.locator(f"tr[data-server='{name}'] {cell}").bounding_box()
+            assert box is not None and box["x"] >= 0 and box["x"] + box["width"] <= 420, (name, cell, box)
+    assert tab.locator("tr[data-server='alpha'] .model").is_hidden()
+    filter_box = tab.locator("#log-filter").bounding_box()
+    assert filter_box is not None and filter_box["x"] + filter_box["width"] <= 420
+    tab.screenshot(path=str(tmp_path / "dashboard-420.png"), full_page=True)
+    assert tab.missing == []  # the favicon included: nothing the page asks for is missing
+    tab.close()
