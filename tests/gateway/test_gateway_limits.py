@@ -167,7 +167,13 @@ def _closed_by_peer(sock: socket.socket) -> bool:
 def test_silent_sockets_past_the_file_limit_slow_headers_the_cap_and_garbage(tmp_path: Path) -> None:
     model = model_dir(tmp_path, "m")
     port = free_port()
-    gateway = {"port": port, "api_key_env": "GW_KEY", "header_timeout_s": 2}
+    gateway = {
+        "port": port,
+        "api_key_env": "GW_KEY",
+        "header_timeout_s": 2,
+        "body_timeout_s": 2,
+        "keepalive_timeout_s": 2,
+    }
     entry = fake_entry(model, port=free_port())
     h = _start(tmp_path, gateway, {"alpha": entry})
     base = f"http://127.0.0.1:{port}"
@@ -198,6 +204,18 @@ def test_silent_sockets_past_the_file_limit_slow_headers_the_cap_and_garbage(tmp
         with socket.create_connection(("127.0.0.1", port), timeout=60) as slow:
             slow.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and never the rest
             assert slow.recv(1) == b""  # closed by the gateway after gateway.header_timeout_s
+
+        with socket.create_connection(("127.0.0.1", port), timeout=60) as short:
+            head = f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n"
+            short.sendall(head.encode() + b"Content-Length: 100\r\n\r\n{}")  # 2 of the 100 bytes announced
+            answer = short.recv(65536)
+            assert answer.split(b" ", 2)[1] == b"408" and b"gateway.body_timeout_s (2 s)" in answer, answer
+
+        idle = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        idle.request("GET", "/health")
+        assert idle.getresponse().read() == b'{"status": "ok"}'  # HTTP/1.1: the connection stays open
+        assert idle.sock is not None and idle.sock.recv(1) == b""  # until gateway.keepalive_timeout_s
+        idle.close()
 
         mark = h.mark()
         h.write(gateway_yaml({**gateway, "header_timeout_s": 300, "max_connections": 2}, {"alpha": entry}))

@@ -19,6 +19,7 @@ from typing import TypeVar
 T = TypeVar("T")
 READ_SIZE = 65536
 MAX_HEADER_BYTES = 65536
+SPARE_CONNECT_S = 10.0
 
 
 class UpstreamUnreachable(Exception):
@@ -148,8 +149,9 @@ class Spares:
 
     async def _open(self, key: tuple[str, int]) -> None:
         try:
-            pair = await asyncio.open_connection(*key, limit=MAX_HEADER_BYTES)
-        except OSError:
+            async with asyncio.timeout(SPARE_CONNECT_S):  # a worker whose backlog is full: give up, not hang
+                pair = await asyncio.open_connection(*key, limit=MAX_HEADER_BYTES)
+        except (OSError, TimeoutError):
             return  # the worker is not listening (stopped, restarting): the next request connects itself
         finally:
             self._opening[key] -= 1
