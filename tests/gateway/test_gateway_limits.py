@@ -40,7 +40,11 @@ def _start(tmp_path: Path, gateway: dict[str, Any], servers: dict[str, Any]) -> 
     h.worker_command = f"{shlex.quote(sys.executable)} {shlex.quote(str(SPLIT_WORKER))}"
     h.write(gateway_yaml(gateway, servers))
     h.start(env={"GW_KEY": TOKEN})
-    h.wait_states({GATEWAY: "ready", **{name: "ready" for name in servers}})
+    try:
+        h.wait_states({GATEWAY: "ready", **{name: "ready" for name in servers}})
+    except BaseException:
+        h.cleanup()  # the caller's cleanup is not reached: no daemon or worker may outlive the test
+        raise
     return h
 
 
