@@ -120,3 +120,30 @@ def test_a_dashboard_block_beside_a_gateway_is_refused_naming_the_gateways_port(
     assert "http://127.0.0.1:9000/" in message and "remove the dashboard: block" in message
     alone = "version: 1\nservers:\n  coder: {model: ./model, method: fp16, port: 8081}\ndashboard: {port: 8090}\n"
     assert load_config(write_config(tmp_path, alone, name="alone.yaml")).dashboard is not None
+
+
+def test_timeouts_and_the_connection_cap_default_apply_live_and_refuse_nonsense(tmp_path: Path) -> None:
+    before = load_config(write_config(tmp_path, BASE))
+    gateway = before.gateway
+    assert gateway is not None
+    assert (
+        gateway.header_timeout_s,
+        gateway.body_timeout_s,
+        gateway.keepalive_timeout_s,
+        gateway.connect_timeout_s,
+        gateway.first_byte_timeout_s,
+        gateway.read_timeout_s,
+        gateway.max_connections,
+    ) == (10.0, 60.0, 15.0, 10.0, 600.0, 120.0, 1000)
+    keys = "header_timeout_s: 5, read_timeout_s: 30, max_connections: 64"
+    tuned = BASE.replace("memory_budget: 48G", f"memory_budget: 48G, {keys}")
+    plan = diff(before, load_config(write_config(tmp_path, tuned, name="tuned.yaml")))
+    assert not plan.changed
+    assert set(plan.updated[GATEWAY_NAME]) == {
+        "gateway.header_timeout_s",
+        "gateway.read_timeout_s",
+        "gateway.max_connections",
+    }
+    wrong = BASE.replace("memory_budget: 48G", "first_byte_timeout_s: 0, body_timeout_s: -1, max_connections: 0")
+    paths = {path for _, _, path, _ in issues(write_config(tmp_path, wrong, name="wrong.yaml"))}
+    assert {"$.gateway.first_byte_timeout_s", "$.gateway.body_timeout_s", "$.gateway.max_connections"} <= paths

@@ -19,6 +19,7 @@ from veloxd.service.spec import AgentSpec
 EXPECTED_KEYS = {
     "Label", "ProgramArguments", "EnvironmentVariables", "WorkingDirectory", "RunAtLoad", "KeepAlive",
     "ProcessType", "ThrottleInterval", "ExitTimeOut", "StandardOutPath", "StandardErrorPath",
+    "SoftResourceLimits", "HardResourceLimits",
 }  # fmt: skip
 
 
@@ -40,6 +41,8 @@ def test_every_key_and_value(installed: tuple[LaunchdHarness, dict, subprocess.C
     assert plist["KeepAlive"] == {"SuccessfulExit": False}
     assert plist["ProcessType"] == "Interactive"
     assert plist["ThrottleInterval"] == 10
+    # launchd's default of 256 open files is below what 300 clients of the gateway need
+    assert plist["SoftResourceLimits"] == plist["HardResourceLimits"] == {"NumberOfFiles": 8192}
     assert plist["ExitTimeOut"] == 40  # no servers, so the 30 s default stop_timeout_s + 10 s margin
     assert "assumes the default stop_timeout_s of 30 s" in done.stderr
     assert plist["WorkingDirectory"] == str(h.config.parent)

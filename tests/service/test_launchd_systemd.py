@@ -40,6 +40,7 @@ def test_install_writes_the_unit_and_enables_it_now_then_restarts_when_active(h:
     assert unit["Restart"] == ["on-failure"]
     assert unit["RestartSec"] == ["10"]
     assert unit["KillMode"] == ["mixed"]
+    assert unit["LimitNOFILE"] == ["8192"]  # the gateway's clients each hold a descriptor
     assert unit["TimeoutStopSec"] == ["40"]  # 30 s default stop_timeout_s + 10 s margin
     assert unit["WantedBy"] == ["default.target"]
     assert unit["WorkingDirectory"] == [str(h.config.parent)]

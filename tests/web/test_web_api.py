@@ -46,6 +46,9 @@ def test_actions_need_the_token_and_refuse_cross_site_requests(tmp_path: Path, b
 
         status, body = page.request("api/reload", "POST", good)
         assert status == 200 and body["ok"] and body["unchanged"]
+        lowercase = {**good, "Authorization": f"bearer {TOKEN}"}  # the scheme is case-insensitive, as on /v1
+        status, body = page.request("api/reload", "POST", lowercase)
+        assert status == 200 and body["ok"], body
 
         tab = browser.new_page(viewport=VIEWPORT)
         tab.goto(page.url)

@@ -32,6 +32,7 @@ GATEWAY_NAME = "@gateway"  # its name among supervised processes: never a valid 
 # Below the ephemeral ranges (Linux 32768-60999, macOS 49152-65535): an outgoing connection's
 # local port can never take an assigned port while its on-demand server is stopped.
 ASSIGNED_PORTS = (28100, 28999)
+TIMEOUT_SCHEMA = {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,53 @@ class Gateway:
         help="Seconds a request waits for its server to become ready (an "
         "on-demand start, a restart after a crash) before it gets 503 with Retry-After.",
         schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+        live=True,
+    )
+
+    header_timeout_s: float = key(
+        10.0,
+        help="Seconds a new connection has to send a complete request line and headers; then it is "
+        "closed without an answer (a silent or slow client cannot hold a file descriptor).",
+        schema=TIMEOUT_SCHEMA,
+        live=True,
+    )
+    body_timeout_s: float = key(
+        60.0,
+        help="Seconds a request has to send its whole body once its headers are in; then it gets 408.",
+        schema=TIMEOUT_SCHEMA,
+        live=True,
+    )
+    keepalive_timeout_s: float = key(
+        15.0,
+        help="Seconds an idle keep-alive connection stays open waiting for its next request.",
+        schema=TIMEOUT_SCHEMA,
+        live=True,
+    )
+    connect_timeout_s: float = key(
+        10.0,
+        help="Seconds to open a connection to a server's worker; then the request gets 504.",
+        schema=TIMEOUT_SCHEMA,
+        live=True,
+    )
+    first_byte_timeout_s: float = key(
+        600.0,
+        help="Seconds from forwarding a request to the first byte of the worker's answer; then 504. "
+        "A non-streamed answer starts only when generation is done, so this bounds a whole generation.",
+        schema=TIMEOUT_SCHEMA,
+        live=True,
+    )
+    read_timeout_s: float = key(
+        120.0,
+        help="Seconds between two reads from a worker once its answer has begun (streamed or not); then "
+        "504, or an SSE error event when a stream has begun. Covers a long prompt's processing in a stream.",
+        schema=TIMEOUT_SCHEMA,
+        live=True,
+    )
+    max_connections: int = key(
+        1000,
+        help="Open client connections the gateway serves at once; a request on a connection beyond "
+        "them gets 503. Keep it below the process's file limit (the installed service raises it).",
+        schema={"type": "integer", "minimum": 1, "maximum": 1_000_000},
         live=True,
     )
 

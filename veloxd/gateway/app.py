@@ -19,8 +19,10 @@ from aiohttp import web
 
 from veloxd.endpoints import connect_host
 from veloxd.gateway import dashboard
+from veloxd.gateway.connections import OVER_CAP
 from veloxd.gateway.events import Accounting, RequestRecord
 from veloxd.gateway.fleet import Fleet, Unavailable
+from veloxd.gateway.limits import setting, upstream_timeouts
 from veloxd.gateway.proxy import UpstreamLost, UpstreamUnreachable, error_response, forward
 from veloxd.gateway.upstream import Spares
 from veloxd.web.monitor import Monitor
@@ -42,7 +44,8 @@ def build_app(
     fleet: Fleet, accounting: Accounting | None = None, monitor: Monitor | None = None, *, host: str, port: int
 ) -> web.Application:
     """The gateway on host:port; with `monitor`, also the dashboard and /metrics (veloxd.web.app)."""
-    app = web.Application(client_max_size=CLIENT_MAX_SIZE, middlewares=[_auth])
+    app = web.Application(client_max_size=CLIENT_MAX_SIZE, middlewares=[_capped, _auth])
+    app[OVER_CAP] = set()  # filled by connections.GuardedServer
     app[FLEET] = fleet
     app[ACCOUNTING] = accounting or Accounting()
     app[ACCOUNTING].listen(fleet.tally.finished)
@@ -61,6 +64,22 @@ def build_app(
 
 async def _close_spares(app: web.Application) -> None:
     app[SPARES].close()
+
+
+@web.middleware
+async def _capped(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """A connection beyond gateway.max_connections gets 503 (and is closed), whatever it asks."""
+    if request.protocol not in request.app[OVER_CAP]:
+        return await handler(request)
+    limit = setting(request.app[FLEET].settings, "max_connections")
+    response = error_response(
+        503,
+        f"the gateway has more open connections than gateway.max_connections ({limit}); retry shortly",
+        "too_many_connections",
+        headers={"Retry-After": "1"},
+    )
+    response.force_close()
+    return response
 
 
 @web.middleware
@@ -172,7 +191,19 @@ async def completion(request: web.Request) -> web.StreamResponse:
 async def _complete(request: web.Request, record: RequestRecord) -> web.StreamResponse:
     fleet = request.app[FLEET]
     limit = int(fleet.settings.get("max_body_bytes") or CLIENT_MAX_SIZE)
-    body = await _read_body(request, limit)
+    body_timeout_s = float(setting(fleet.settings, "body_timeout_s"))
+    try:
+        async with asyncio.timeout(body_timeout_s):
+            body = await _read_body(request, limit)
+    except TimeoutError:
+        response = error_response(
+            408,
+            f"the request body did not arrive within gateway.body_timeout_s ({body_timeout_s:g} s)",
+            "request_timeout",
+            timeout="gateway.body_timeout_s",
+        )
+        response.force_close()  # the rest of the body is not worth waiting for
+        return response
     if body is None:
         return error_response(
             413, f"request body larger than gateway.max_body_bytes ({limit} bytes)", "request_too_large"
@@ -247,6 +278,7 @@ async def _forward_to(
             server.get("upstream_token"),
             record,
             request.app[SPARES],
+            upstream_timeouts(fleet.settings),
         )
     except UpstreamUnreachable:
         fleet.mark_unreachable(name)  # died or unloaded since the last view: wait for it again

@@ -10,8 +10,8 @@ The gateway may bind a LAN address, but the page shows logs and states; so:
 - from anywhere else, or with a foreign Host (a DNS-rebinding page), they need the gateway's
   bearer token like /v1, and without gateway.api_key_env they are refused;
 - actions (restart, reload, and here start / unload of an on-demand server) always need the
-  gateway's bearer token in an Authorization header and a same-origin request (veloxd.web.app
-  checks both).
+  gateway's bearer token in an Authorization header and, when the request names an Origin, one
+  of the gateway's own addresses (veloxd.web.app checks both; never against the request's Host).
 """
 
 from __future__ import annotations
@@ -37,6 +37,8 @@ PAGES = ("/", "/metrics")
 def mount(app: web.Application, monitor: Monitor, fleet: Fleet, host: str, port: int) -> None:
     """Install the dashboard routes (veloxd.web.app) with the fleet's counters and the gateway's token."""
     app[OWN_HOSTS] = frozenset(h.lower() for h in allowed_hosts(host, port))
+    # Actions' Origin must be one of these addresses, never whatever the request's Host says.
+    origins = {f"http://{h}" for h in app[OWN_HOSTS]}
 
     def token() -> str | None:  # read per request: gateway.api_key_env applies on reload, without a restart
         variable = fleet.settings.get("api_key_env")
@@ -52,6 +54,7 @@ def mount(app: web.Application, monitor: Monitor, fleet: Fleet, host: str, port:
         app,
         monitor,
         api_key=token,
+        allowed_origins=origins,
         gateway=fleet.tally,
         key_setting="gateway.api_key_env",
         server_actions={"start": start, "unload": unload},

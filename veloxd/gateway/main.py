@@ -21,7 +21,9 @@ from aiohttp import web
 
 from veloxd.config.sections import Dashboard
 from veloxd.gateway.app import build_app
+from veloxd.gateway.connections import GatewayRunner, accept_failures
 from veloxd.gateway.fleet import Fleet
+from veloxd.gateway.limits import ConnectionLimits
 from veloxd.gateway.link import DaemonGone, DaemonLink
 from veloxd.web.monitor import DaemonClient, Monitor
 
@@ -31,6 +33,7 @@ FIRST_VIEW_TIMEOUT_S = 30.0
 
 async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None) -> int:
     loop = asyncio.get_running_loop()
+    loop.set_exception_handler(accept_failures())
     stop = asyncio.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
@@ -53,7 +56,7 @@ async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None)
     sampling = Dashboard()  # the `dashboard:` block's defaults (the block itself is for the sidecar only)
     monitor = Monitor(DaemonClient(socket=Path(socket_path)), sampling.interval_s, sampling.history)
     app = build_app(fleet, monitor=monitor, host=host, port=port)
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    runner = GatewayRunner(app, lambda: ConnectionLimits.of(fleet.settings), handler_cancellation=True, access_log=None)
     await runner.setup()
     try:
         await web.TCPSite(runner, host, port).start()

@@ -4,7 +4,9 @@ The worker (mlx_lm's HTTP/1.0 server) ends a stream by closing the connection, s
 dies mid-stream looks like a normal end of body: a stream without its `data: [DONE]` line is
 therefore reported to the client as an error event (the openai package raises APIError).
 A client that disconnects cancels the handler (handler_cancellation), which closes the upstream
-connection: the worker stops generating for it.
+connection: the worker stops generating for it. A worker that stops sending (hung, stopped)
+costs a request one of the gateway's upstream timeouts: 504 naming it, or, once a stream has
+begun, an SSE error event naming it (upstream.Timeouts).
 """
 
 from __future__ import annotations
@@ -17,12 +19,19 @@ from aiohttp import web
 
 from veloxd.gateway import upstream
 from veloxd.gateway.events import RequestRecord
-from veloxd.gateway.upstream import UpstreamBroken, UpstreamLost, UpstreamUnreachable
+from veloxd.gateway.sse import SseReader
+from veloxd.gateway.upstream import (
+    DEFAULT_TIMEOUTS,
+    Timeouts,
+    UpstreamBroken,
+    UpstreamLost,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 
 PASSED_REQUEST_HEADERS = ("Content-Type", "Accept")
-DONE = b"data: [DONE]"
 
-__all__ = ["UpstreamLost", "UpstreamUnreachable", "error_response", "forward"]
+__all__ = ["Timeouts", "UpstreamLost", "UpstreamTimeout", "UpstreamUnreachable", "error_response", "forward"]
 
 
 def upstream_headers(request: web.Request, token: str | None) -> dict[str, str]:
@@ -40,9 +49,16 @@ async def forward(
     token: str | None,
     record: RequestRecord,
     spares: upstream.Spares | None = None,
+    timeouts: Timeouts = DEFAULT_TIMEOUTS,
 ) -> web.StreamResponse:
-    """The worker's answer to `body`; raises UpstreamUnreachable / UpstreamLost before any answer."""
-    answer = await upstream.post(host, port, request.path, body, upstream_headers(request, token), spares)
+    """The worker's answer to `body`; raises UpstreamUnreachable / UpstreamLost before any answer.
+
+    A timeout before the answer has begun is a 504 naming the setting that ran out.
+    """
+    try:
+        answer = await upstream.post(host, port, request.path, body, upstream_headers(request, token), spares, timeouts)
+    except UpstreamTimeout as err:
+        return timeout_response(record, err)
     try:
         record.status = answer.status
         headers = {"Content-Type": answer.content_type} if answer.content_type else {}
@@ -50,6 +66,8 @@ async def forward(
             return await _stream(request, answer, headers, record)
         try:
             data = await answer.read()
+        except UpstreamTimeout as err:
+            return timeout_response(record, err)
         except (UpstreamBroken, ConnectionError) as err:
             record.status, record.error = 502, f"upstream: {err!r}"
             return error_response(
@@ -68,8 +86,8 @@ async def _stream(
     record.stream = True
     response = web.StreamResponse(status=answer.status, headers={**headers, "Cache-Control": "no-cache"})
     await response.prepare(request)
-    finished = False
-    tail = b""
+    events = SseReader()
+    code = "upstream_failed"
     try:
         async for chunk in answer.chunks():
             if record.first_byte_s is None:
@@ -79,24 +97,23 @@ async def _stream(
             except ConnectionError:  # the client left: leaving closes the upstream request too
                 record.status, record.error = 499, "client disconnected"
                 return response
-            if b'"usage"' in chunk or DONE in chunk:
-                window = tail + chunk
-                finished = DONE in window
-                _count_stream_usage(window, record)
-                if finished:  # the answer is whole: a client that closes now (openai does) is no disconnect
-                    record.answered = True
-                    break
-            tail = chunk[-64:]
+            events.feed(chunk)
+            if events.done:  # the answer is whole: a client that closes now (openai does) is no disconnect
+                record.answered = True
+                break
+    except UpstreamTimeout as err:
+        record.error, code = f"upstream: {err}", "upstream_timeout"
     except (UpstreamBroken, ConnectionError) as err:
         record.error = f"upstream: {err!r}"
-    if not finished:
+    _count_usage(events.usage, record)
+    if not events.done:
         record.error = record.error or "the server closed the stream before [DONE] (it exited or was killed)"
-        record.status = 502
+        record.status = 504 if code == "upstream_timeout" else 502
         error = {
             "error": {
                 "message": f"the server for '{record.server}' stopped mid-stream: {record.error}",
                 "type": "server_error",
-                "code": "upstream_failed",
+                "code": code,
             }
         }
         try:
@@ -120,6 +137,19 @@ def error_response(
     return web.json_response(body, status=status, headers=headers)
 
 
+def timeout_response(record: RequestRecord, err: UpstreamTimeout) -> web.Response:
+    """504: the worker did not answer in time (it may be hung; the daemon's health checks decide)."""
+    record.status, record.error = 504, f"upstream: {err}"
+    return error_response(
+        504,
+        f"the server for '{record.server}' timed out: {err}",
+        "upstream_timeout",
+        timeout=f"gateway.{err.key}",
+        timeout_s=err.seconds,
+        server=record.server,
+    )
+
+
 def _since(record: RequestRecord) -> float:
     return time.monotonic() - record.started
 
@@ -128,19 +158,13 @@ def _count_tokens(data: bytes, record: RequestRecord) -> None:
     if b'"usage"' not in data:
         return
     try:
-        usage = json.loads(data).get("usage") or {}
+        usage = json.loads(data).get("usage")
     except (ValueError, AttributeError):
         return
-    record.tokens_in, record.tokens_out = usage.get("prompt_tokens"), usage.get("completion_tokens")
+    _count_usage(usage, record)
 
 
-def _count_stream_usage(window: bytes, record: RequestRecord) -> None:
-    """Read `usage` from the SSE event that carries it (mlx_lm sends it with include_usage)."""
-    for line in window.split(b"\n"):
-        if b'"usage"' in line and line.startswith(b"data: {"):
-            try:
-                usage = json.loads(line[6:]).get("usage") or {}
-            except ValueError:
-                continue
-            record.tokens_in = usage.get("prompt_tokens", record.tokens_in)
-            record.tokens_out = usage.get("completion_tokens", record.tokens_out)
+def _count_usage(usage: Any, record: RequestRecord) -> None:
+    if isinstance(usage, dict):
+        record.tokens_in = usage.get("prompt_tokens", record.tokens_in)
+        record.tokens_out = usage.get("completion_tokens", record.tokens_out)

@@ -5,16 +5,21 @@ HTTP/1.0 (the body ends with Content-Length, or when the worker closes the conne
 aiohttp's general client costs several times the CPU of this per request (measured with
 `make bench-gateway`), and per-request CPU is the gateway's added latency on a busy Mac.
 Chunked bodies are decoded too, so a worker that changes its framing still works.
+Every wait on the worker is bounded (`Timeouts`: connect, first byte, each gap between reads):
+a hung worker costs a request its timeout, never the client's patience.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Awaitable, Mapping
+from dataclasses import dataclass, field
+from typing import TypeVar
 
+T = TypeVar("T")
 READ_SIZE = 65536
 MAX_HEADER_BYTES = 65536
+SPARE_CONNECT_S = 10.0
 
 
 class UpstreamUnreachable(Exception):
@@ -29,6 +34,34 @@ class UpstreamBroken(Exception):
     """The answer was cut short or malformed."""
 
 
+class UpstreamTimeout(Exception):
+    """A bounded wait on the worker ran out; `key` is the gateway setting that bounds it."""
+
+    def __init__(self, key: str, seconds: float, waiting_for: str) -> None:
+        super().__init__(f"no {waiting_for} from the worker within gateway.{key} ({seconds:g} s)")
+        self.key, self.seconds = key, seconds
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    """The gateway's waits on a worker, in seconds (the `gateway:` keys of the same names)."""
+
+    connect_timeout_s: float = 10.0
+    first_byte_timeout_s: float = 600.0
+    read_timeout_s: float = 120.0
+
+
+DEFAULT_TIMEOUTS = Timeouts()
+
+
+async def _bounded(awaitable: Awaitable[T], seconds: float, key: str, waiting_for: str) -> T:
+    try:
+        async with asyncio.timeout(seconds):
+            return await awaitable
+    except TimeoutError:
+        raise UpstreamTimeout(key, seconds, waiting_for) from None
+
+
 @dataclass
 class Upstream:
     """An answer whose status and headers are read; its body is read with `read()` or `chunks()`."""
@@ -37,6 +70,10 @@ class Upstream:
     headers: Mapping[str, str]  # lower-case names
     _reader: asyncio.StreamReader
     _writer: asyncio.StreamWriter
+    timeouts: Timeouts = field(default_factory=Timeouts)
+
+    def _read(self, awaitable: Awaitable[T]) -> Awaitable[T]:
+        return _bounded(awaitable, self.timeouts.read_timeout_s, "read_timeout_s", "further bytes")
 
     @property
     def content_type(self) -> str:
@@ -50,7 +87,7 @@ class Upstream:
             return
         remaining = int(self.headers["content-length"]) if "content-length" in self.headers else None
         while remaining is None or remaining > 0:
-            data = await self._reader.read(READ_SIZE if remaining is None else min(READ_SIZE, remaining))
+            data = await self._read(self._reader.read(READ_SIZE if remaining is None else min(READ_SIZE, remaining)))
             if not data:
                 if remaining:
                     raise UpstreamBroken(f"the body ended {remaining} bytes short")
@@ -65,11 +102,11 @@ class Upstream:
     async def _dechunk(self) -> AsyncIterator[bytes]:
         try:
             while True:
-                size = int((await self._reader.readline()).split(b";")[0].strip() or b"x", 16)
+                size = int((await self._read(self._reader.readline())).split(b";")[0].strip() or b"x", 16)
                 if size == 0:
                     return
-                yield await self._reader.readexactly(size)
-                await self._reader.readexactly(2)
+                yield await self._read(self._reader.readexactly(size))
+                await self._read(self._reader.readexactly(2))
         except (ValueError, asyncio.IncompleteReadError) as err:
             raise UpstreamBroken(f"malformed chunked body: {err!r}") from None
 
@@ -112,8 +149,9 @@ class Spares:
 
     async def _open(self, key: tuple[str, int]) -> None:
         try:
-            pair = await asyncio.open_connection(*key, limit=MAX_HEADER_BYTES)
-        except OSError:
+            async with asyncio.timeout(SPARE_CONNECT_S):  # a worker whose backlog is full: give up, not hang
+                pair = await asyncio.open_connection(*key, limit=MAX_HEADER_BYTES)
+        except (OSError, TimeoutError):
             return  # the worker is not listening (stopped, restarting): the next request connects itself
         finally:
             self._opening[key] -= 1
@@ -127,7 +165,13 @@ class Spares:
 
 
 async def post(
-    host: str, port: int, path: str, body: bytes, headers: Mapping[str, str], spares: Spares | None = None
+    host: str,
+    port: int,
+    path: str,
+    body: bytes,
+    headers: Mapping[str, str],
+    spares: Spares | None = None,
+    timeouts: Timeouts = DEFAULT_TIMEOUTS,
 ) -> Upstream:
     """Send one POST and read the answer's status line and headers (on a spare connection if there is one)."""
     spare = spares.take(host, port) if spares is not None else None
@@ -135,14 +179,19 @@ async def post(
         spares.refill(host, port)
     if spare is not None:
         try:
-            return await _exchange(*spare, host, port, path, body, headers)
+            return await _exchange(*spare, host, port, path, body, headers, timeouts)
         except UpstreamLost:
             pass  # closed by the worker while idle (it never saw this request): a fresh connection decides
     try:
-        reader, writer = await asyncio.open_connection(host, port, limit=MAX_HEADER_BYTES)
+        reader, writer = await _bounded(
+            asyncio.open_connection(host, port, limit=MAX_HEADER_BYTES),
+            timeouts.connect_timeout_s,
+            "connect_timeout_s",
+            "connection",
+        )
     except OSError as err:
         raise UpstreamUnreachable(f"{host}:{port}: {err.strerror or err}") from None
-    return await _exchange(reader, writer, host, port, path, body, headers)
+    return await _exchange(reader, writer, host, port, path, body, headers, timeouts)
 
 
 async def _exchange(
@@ -153,24 +202,28 @@ async def _exchange(
     path: str,
     body: bytes,
     headers: Mapping[str, str],
+    timeouts: Timeouts,
 ) -> Upstream:
     try:
         lines = [f"POST {path} HTTP/1.1", f"Host: {host}:{port}", f"Content-Length: {len(body)}", "Connection: close"]
         lines += [f"{name}: {value}" for name, value in headers.items()]
         writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
-        status_line = await reader.readline()
+        status_line = await _bounded(
+            reader.readline(), timeouts.first_byte_timeout_s, "first_byte_timeout_s", "first byte"
+        )
         if not status_line:
             raise UpstreamLost("the worker closed the connection without answering")
         parts = status_line.split(None, 2)
         if len(parts) < 2 or not parts[0].startswith(b"HTTP/") or not parts[1].isdigit():
             raise UpstreamBroken(f"not an HTTP status line: {status_line[:80]!r}")
         answer: dict[str, str] = {}
-        while (line := await reader.readline()) not in (b"\r\n", b"\n"):
+        gap = timeouts.read_timeout_s
+        while (line := await _bounded(reader.readline(), gap, "read_timeout_s", "header line")) not in (b"\r\n", b"\n"):
             if not line:
                 raise UpstreamLost("the worker closed the connection in the middle of its headers")
             name, _, value = line.decode("latin-1").partition(":")
             answer[name.strip().lower()] = value.strip()
-        return Upstream(int(parts[1]), answer, reader, writer)
+        return Upstream(int(parts[1]), answer, reader, writer, timeouts)
     except (ConnectionError, asyncio.IncompleteReadError) as err:
         writer.close()
         raise UpstreamLost(repr(err)) from None

@@ -15,6 +15,9 @@ from veloxd.service.spec import DEFAULT_LABEL, THROTTLE_INTERVAL_S, AgentSpec
 
 TEMPLATE_PATH = Path(__file__).resolve().parents[2] / "launchd" / f"{DEFAULT_LABEL}.plist.template"
 DEFAULT_STOP_TIMEOUT_FOR_TEMPLATE_S = 30.0
+# launchd's default soft limit is 256 open files: the gateway's clients, the workers' sockets and
+# the logs share it. Raised for the daemon and every process it starts (the unit sets the same).
+OPEN_FILES_LIMIT = 8192
 
 
 def render_plist(spec: AgentSpec) -> dict[str, Any]:
@@ -30,6 +33,8 @@ def render_plist(spec: AgentSpec) -> dict[str, Any]:
         "ProcessType": "Interactive",
         "ThrottleInterval": THROTTLE_INTERVAL_S,
         "ExitTimeOut": spec.stop_grace_s,
+        "SoftResourceLimits": {"NumberOfFiles": OPEN_FILES_LIMIT},
+        "HardResourceLimits": {"NumberOfFiles": OPEN_FILES_LIMIT},
         # Only what happens before the daemon's own JSON log is open (import errors, tracebacks).
         "StandardOutPath": spec.stdout_path,
         "StandardErrorPath": spec.stderr_path,

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import re
 
+from veloxd.service.plist import OPEN_FILES_LIMIT
 from veloxd.service.spec import DEFAULT_UNIT, THROTTLE_INTERVAL_S, AgentSpec
 
 _NEEDS_QUOTES = re.compile(r"""[\s"'\\;]""")
@@ -52,6 +53,8 @@ RestartSec={THROTTLE_INTERVAL_S}
 # only after TimeoutStopSec, which is above the slowest server's stop_timeout_s.
 KillMode=mixed
 TimeoutStopSec={spec.stop_grace_s}
+# The gateway holds a descriptor per client connection: a low default limit would refuse clients.
+LimitNOFILE={OPEN_FILES_LIMIT}
 
 [Install]
 WantedBy=default.target

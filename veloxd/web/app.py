@@ -11,7 +11,9 @@
 Reads are open (the page binds loopback only); every request must name an allowed Host (a
 DNS-rebinding page cannot read the logs). Actions need the bearer token in an Authorization
 header, which a cross-site form cannot send and a cross-site script cannot send without a CORS
-preflight this app never grants; a foreign Origin is refused as well.
+preflight this app never grants; an Origin other than the dashboard's own addresses is refused
+as well. "Own" is the configured listen address and the loopback names, never the request's Host
+header: a DNS-rebinding page sends a Host and an Origin that agree (both evil.example).
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ def add_routes(
     *,
     api_key: str | Callable[[], str | None] | None = None,
     allowed_hosts: Iterable[str] | None = None,
+    allowed_origins: Iterable[str] | None = None,
     gateway: GatewayCounters | None = None,
     prefix: str = "",
     key_setting: str = "dashboard.api_key_env",
@@ -52,6 +55,8 @@ def add_routes(
         api_key: the bearer token for actions, or a function returning it at each request (a
             gateway's token changes on reload); None: read-only (actions answer 403).
         allowed_hosts: accepted Host headers (e.g. "127.0.0.1:8090"); None: any (the caller checks).
+        allowed_origins: Origins accepted on actions (e.g. "http://127.0.0.1:8090"); None: those of
+            allowed_hosts, or no Origin at all when both are None (a request without one still passes).
         gateway: the gateway's admission/unload/request counters, for /metrics.
         prefix: mount point, e.g. "/dashboard" (the page uses relative URLs).
         key_setting: the veloxd.yaml key that enables actions, named when they are refused.
@@ -59,6 +64,9 @@ def add_routes(
             start and unload of on-demand servers), each answering {"ok": ..., ...}.
     """
     hosts = {h.lower() for h in allowed_hosts} if allowed_hosts is not None else None
+    origins = {o.lower() for o in allowed_origins} if allowed_origins is not None else None
+    if origins is None:
+        origins = {f"http://{h}" for h in hosts} if hosts is not None else set()
     registry = registry_for(monitor, gateway)
     current_key: Callable[[], str | None] = api_key if callable(api_key) else (lambda: api_key)
     extra = dict(server_actions or {})
@@ -68,7 +76,7 @@ def add_routes(
             if hosts is not None and request.host.lower() not in hosts:
                 return _error(421, f"unexpected Host header {request.host!r}")
             if action:
-                refused = _refuse_action(request, current_key(), hosts, key_setting)
+                refused = _refuse_action(request, current_key(), origins, key_setting)
                 if refused is not None:
                     return refused
             return await handler(request)
@@ -178,17 +186,17 @@ def _static(name: str) -> Handler:
 
 
 def _refuse_action(
-    request: web.Request, api_key: str | None, hosts: set[str] | None, key_setting: str
+    request: web.Request, api_key: str | None, origins: set[str], key_setting: str
 ) -> web.Response | None:
     if api_key is None:
         return _error(403, f"actions are disabled: set {key_setting} in veloxd.yaml to enable them")
-    header = request.headers.get("Authorization", "")
-    supplied = header[7:] if header.startswith("Bearer ") else ""
-    if not hmac.compare_digest(supplied.encode(), api_key.encode()):
+    scheme, _, supplied = request.headers.get("Authorization", "").strip().partition(" ")
+    if scheme.lower() != "bearer":  # the scheme is case-insensitive (RFC 9110), as on /v1
+        supplied = ""
+    if not hmac.compare_digest(supplied.strip().encode(), api_key.encode()):
         return _error(401, "missing or wrong bearer token", {"WWW-Authenticate": "Bearer"})
     origin = request.headers.get("Origin")
-    own = {f"http://{h}" for h in hosts} if hosts is not None else {f"{request.scheme}://{request.host}".lower()}
-    if origin is not None and origin.lower() not in own:
+    if origin is not None and origin.lower() not in origins:
         return _error(403, f"cross-origin request from {origin} refused")
     if request.headers.get("Sec-Fetch-Site", "same-origin") not in ("same-origin", "none"):
         return _error(403, "cross-site request refused")
