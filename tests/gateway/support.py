@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.fixtures.daemon_harness import FAST_RESTART, DaemonHarness
-from tests.support import REPO, http_json, wait_until
+from tests.support import REPO, free_port, http_json, wait_until
 
 GATEWAY = "@gateway"
 MODEL = str(REPO / "veloxd" / "assets" / "tiny-llama")  # the shipped model: real workers, no download
@@ -21,21 +21,32 @@ def gateway_yaml(gateway: Mapping[str, Any], servers: Mapping[str, Mapping[str, 
     return "\n".join(lines) + "\n"
 
 
-def fake_entry(model: Path | str, **extra: Any) -> dict[str, Any]:
-    """An entry for the stand-in worker: fast timeouts, fp16."""
-    return {
+def fake_entry(model: Path | str, *, assigned_port: bool = False, **extra: Any) -> dict[str, Any]:
+    """An entry for the stand-in worker: fast timeouts, fp16, a claimed free port (see `with_port`)."""
+    body = {
         "model": str(model),
         "method": "fp16",
         "ready_timeout_s": 30,
         "stop_timeout_s": 5,
         "restart": dict(FAST_RESTART),
-        **extra,
     }
+    return with_port({**body, **extra}, assigned_port)
 
 
-def real_entry(**extra: Any) -> dict[str, Any]:
+def real_entry(*, assigned_port: bool = False, **extra: Any) -> dict[str, Any]:
     """An entry for a real `veloxd serve` on the shipped tiny model (fp16 unless `extra` says otherwise)."""
-    return {"model": MODEL, "method": "fp16", "ready_timeout_s": LOAD_S, "stop_timeout_s": 20, **extra}
+    return with_port(
+        {"model": MODEL, "method": "fp16", "ready_timeout_s": LOAD_S, "stop_timeout_s": 20, **extra}, assigned_port
+    )
+
+
+def with_port(entry: dict[str, Any], assigned_port: bool) -> dict[str, Any]:
+    """A claimed free port unless the entry has one or the test wants the daemon's assigned one:
+    assigned ports are a hash of the entry's name, so two test modules running at once with an
+    entry of the same name would be handed the same port."""
+    if assigned_port or "port" in entry:
+        return entry
+    return {**entry, "port": free_port()}
 
 
 def model_dir(root: Path, name: str, weights_bytes: int = 1000, context: int = 16) -> Path:

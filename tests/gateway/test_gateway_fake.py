@@ -54,7 +54,7 @@ def test_routing_limits_auth_and_live_changes_without_restarts(harness: DaemonHa
     h = harness
     alpha, beta = model_dir(tmp_path, "alpha-model"), model_dir(tmp_path, "beta-model")
     gateway = {"port": free_port(), "max_body_bytes": 2000}
-    servers = {"alpha": fake_entry(alpha, aliases=["fast"]), "beta": fake_entry(beta, port=free_port())}
+    servers = {"alpha": fake_entry(alpha, aliases=["fast"], assigned_port=True), "beta": fake_entry(beta)}
     h.write(gateway_yaml(gateway, servers))
     h.start(env={"GW_KEY": "s3cret"})
     h.wait_states({GATEWAY: "ready", "alpha": "ready", "beta": "ready"})
