@@ -85,3 +85,24 @@ def test_tokenizer_splits_digits_and_applies_the_chat_template(smollm2: Path) ->
     )
     assert prompt.endswith("<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n")
     assert tokenizer.eos_token == "<|im_end|>"
+
+
+def test_bench_table_puts_the_shipped_models_kl_beside(tmp_path: Path) -> None:
+    from benchmarks.pretrained import NAME, markdown, shipped_kl
+
+    kv_rows = [
+        {"variant": "tiny-llama", "context": 1024, "label": "affine-4", "kl_mean": 0.0123},
+        {"variant": "tiny-llama+outliers", "context": 1024, "label": "affine-4", "kl_mean": 0.0456},
+        {"variant": "tiny-llama", "context": 4096, "label": "affine-4", "kl_mean": 0.9},
+    ]
+    (tmp_path / "kv.json").write_text(json.dumps({"rows": kv_rows}))
+    ours = {"context": 1024, "label": "affine-4", "kl_mean": 0.0789, "top1_agreement": 0.97, "stored_vs_fp16": 0.31}
+    failed = {"context": 1024, "label": "qjl-4", "error": "ValueError: no"}
+    passkey = {"context": 1024, "label": "fp16", "by_depth": {"0.1": 1.0, "0.9": 0.5}, "accuracy": 0.75, "trials": 4}
+    report = {"source": "src", "rows": [ours, failed], "passkey": [passkey]}
+    text = markdown(report, shipped_kl(tmp_path / "kv.json"))
+    assert f"| method | {NAME} KL | top-1 | stored x fp16 | tiny-llama KL | tiny-llama+outliers KL |" in text
+    assert "| `affine-4` | 0.0789 | 0.970 | 0.310 | 0.0123 | 0.0456 |" in text
+    assert "| `qjl-4` | failed: ValueError: no |" in text
+    assert "| `fp16` | 100% | 50% | 75% (4) |" in text
+    assert shipped_kl(tmp_path / "absent.json") == {}
