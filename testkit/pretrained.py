@@ -144,8 +144,9 @@ GGUF_TO_HF = {
 }
 
 
-def weights_from(raw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """Hugging Face names and layout, float32, from MLX's GGUF arrays (weight/scales/biases)."""
+def weights_from(raw: dict[str, Any], config: dict[str, Any], hf_layout: bool = True) -> dict[str, Any]:
+    """Hugging Face names, float32, from MLX's GGUF arrays (weight/scales/biases); q/k rows in the
+    Hugging Face layout, or as the GGUF stores them (interleaved RoPE pairs) with hf_layout=False."""
     import mlx.core as mx
 
     out: dict[str, Any] = {}
@@ -161,9 +162,9 @@ def weights_from(raw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         parts = stem.split(".")
         if parts[0] == "blk":
             layer, kind = parts[1], parts[2]
-            if kind == "attn_q":
+            if kind == "attn_q" and hf_layout:
                 w = unpermute(w, config["num_attention_heads"])
-            elif kind == "attn_k":
+            elif kind == "attn_k" and hf_layout:
                 w = unpermute(w, config["num_key_value_heads"])
             name = f"model.layers.{layer}.{GGUF_TO_HF[kind]}.weight"
         else:

@@ -1,8 +1,8 @@
 """testkit/pretrained.py: SmolLM2-135M-Instruct converted from its GGUF into an mlx_lm directory.
 
-The q/k un-permutation is checked against the GGUF's own layout: the same weights permuted back as
-llama.cpp stores them, run with interleaved ("traditional") RoPE, must give the same logits as the
-converted directory with mlx_lm's rotate-half RoPE. Plus the tokenizer's digit split, the chat
+The q/k un-permutation is checked against the GGUF's own layout: its q/k rows as llama.cpp stores
+them, run with interleaved ("traditional") RoPE as llama.cpp runs them, must give the same logits
+as the converted directory with mlx_lm's rotate-half RoPE. Plus the tokenizer's digit split, the chat
 template and the config a real model has (head_dim 64, GQA 3)."""
 
 from __future__ import annotations
@@ -50,15 +50,14 @@ def test_config_is_a_real_small_model(smollm2: Path) -> None:
 def test_converted_layout_matches_the_gguf_layout(smollm2: Path, tmp_path: Path) -> None:
     from mlx_lm import load
 
+    gguf, _ = pretrained.gguf_source()
+    loaded = mx.load(str(gguf), return_metadata=True)
+    assert isinstance(loaded, tuple)
+    raw, _ = loaded
     config = json.loads((smollm2 / "config.json").read_text())
-    weights = mx.load(str(smollm2 / "model.safetensors"))
-    assert isinstance(weights, dict)
-    for i in range(config["num_hidden_layers"]):
-        for proj, heads in (("q_proj", config["num_attention_heads"]), ("k_proj", config["num_key_value_heads"])):
-            key = f"model.layers.{i}.self_attn.{proj}.weight"
-            weights[key] = llama_cpp_permute(weights[key], heads)
-    gguf_layout = tmp_path / "gguf-layout"
+    gguf_layout = tmp_path / "gguf-layout"  # llama.cpp's rows, run as llama.cpp runs them
     gguf_layout.mkdir()
+    weights = pretrained.weights_from(raw, config, hf_layout=False)
     mx.save_safetensors(str(gguf_layout / "model.safetensors"), weights)
     (gguf_layout / "config.json").write_text(json.dumps({**config, "rope_traditional": True}))
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
