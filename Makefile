@@ -14,7 +14,7 @@ CHROMIUM := /usr/bin/chromium
 
 .PHONY: run test test-fast lint browser bench bench-quick bench-kv bench-retrieval train-retrieval eval-retrieval bench-daemon bench-limits bench-distributed bench-gateway schema clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml testkit/pretrained.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,dev]'
