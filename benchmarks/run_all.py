@@ -1,6 +1,6 @@
 """`make bench` / `make bench-quick`: KV-cache benchmark, serving benchmark, plots and tables.
 
-`make bench` writes benchmarks/results/{kv.json, retrieval.{json,md}, retrieval_heatmaps.png,
+`make bench` writes benchmarks/results/{kv.json, pretrained.{json,md}, retrieval.{json,md}, retrieval_heatmaps.png,
 kv_peak.json, serving.json, RESULTS.md, README_results.md, pareto_*.png}. `--quick` (one context
 length, fewer arms, one serving round; a smoke run of a few minutes) writes the same files under
 benchmarks/results/quick/, leaving the full results alone.
@@ -14,8 +14,8 @@ import time
 
 from benchmarks.docs import plots, readme_section, report
 from benchmarks.kv import peak as kv_peak
+from benchmarks.kv import pretrained, retrieval
 from benchmarks.kv import quality as kv
-from benchmarks.kv import retrieval
 from benchmarks.paths import RESULTS
 from benchmarks.system import serving
 
@@ -30,6 +30,8 @@ def main(argv: list[str] | None = None) -> int:
     results = RESULTS / "quick" if args.quick else RESULTS
     common = (["--quick"] if args.quick else []) + (["--model", args.model] if args.model else [])
     kv.main(common + ["--out", str(results / "kv.json")])
+    # the real pretrained model (SmolLM2-135M), its KL printed beside the shipped models' from kv.json
+    pretrained.main(["--out-dir", str(results)] + (["--quick"] if args.quick else []))
     # pass-key accuracy per depth on the retrieval model (the shipped one does not retrieve)
     retrieval.main(["--out-dir", str(results)] + (["--contexts", "1024", "--keys", "1"] if args.quick else []))
     # one layer's decode and prefill peak per method at GQA 16 (the ratio real models reach)
