@@ -123,7 +123,7 @@ def test_failures_in_a_row_mark_it_unresponsive_then_sigterm_sigkill_and_backoff
     child = spawner.latest("a")[1]
     probe(supervisor, spawner, 11.0, "no answer within 2 s", 13.0)
     probe(supervisor, spawner, 23.0, "no answer within 2 s", 25.0)
-    assert server.state is S.READY and server.snapshot()["health_failures"] == 2
+    assert server.state is S.READY and server.snapshot()["health"] == {"probes": 2, "failures": 2}
     assert child.signals == []
     probe(supervisor, spawner, 35.0, "no answer within 2 s", 37.0)
     assert server.state is S.UNRESPONSIVE and child.signals == [signal.SIGTERM]
@@ -154,7 +154,7 @@ def test_failures_in_a_row_mark_it_unresponsive_then_sigterm_sigkill_and_backoff
     assert server.last_error is not None and server.last_error.startswith("unresponsive: 3 health probes failed")
     supervisor.tick(43.5)
     assert server.state is S.STARTING and len(spawner.children) == 2
-    assert server.snapshot()["health_failures"] is None
+    assert server.snapshot()["health"] is None
 
 
 def test_a_success_between_failures_keeps_it_ready(supervisor, spawner, events) -> None:
@@ -202,7 +202,7 @@ def test_a_late_probe_report_after_a_restart_is_ignored(supervisor, spawner) -> 
     supervisor.on_message(m.ChildExited("a", old[1], 0), 12.5)
     bring_up(supervisor, spawner, "a", 13.0)
     supervisor.on_message(m.HealthProbed("a", old[1], old[2], "x"), 14.0)
-    assert server.state is S.READY and server.snapshot()["health_failures"] == 0
+    assert server.state is S.READY and server.snapshot()["health"] == {"probes": 0, "failures": 0}
 
 
 def test_repeated_hangs_count_toward_fatal(supervisor, spawner) -> None:

@@ -436,7 +436,8 @@ class ServerProcess:
             "download": self.download.progress() if self.download is not None else None,
             "last_error": self.last_error,
             "startup_s": self.startup_s,
-            "health_failures": self.live.failures if self.live is not None else None,  # in a row, while READY
+            # while READY: liveness probes started since, and how many of the last ones failed in a row
+            "health": {"probes": self.live.sequence, "failures": self.live.failures} if self.live is not None else None,
             "ready": self.ready_payload,  # the worker's READY line: bits, measured KV bytes per token, endpoints
             "waiting_reason": self.waiting_reason(),
             "stop_timeout_s": entry.stop_timeout_s,
