@@ -68,8 +68,8 @@ class Limits:
     )
     request_body_timeout_s: float = key(
         30.0,
-        help="Seconds a client has to send a request's body (and each "
-        "read of its headers); a slower one gets 408 and the connection closes.",
+        help="Seconds a client has to send a request's body (a slower one gets 408), and, in "
+        "total, its request line and headers (a slower one is disconnected).",
         schema={"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
     )
     max_body_bytes: int = key(
