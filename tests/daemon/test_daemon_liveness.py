@@ -6,6 +6,7 @@ neighbour keeps serving. Stand-in workers (tests/fixtures/fake_worker.py) answer
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 from pathlib import Path
@@ -70,4 +71,29 @@ def test_a_stopped_worker_is_marked_unresponsive_killed_and_restarted(tmp_path: 
         if stopped is not None and pid_alive(stopped):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(stopped, signal.SIGKILL)
+        h.cleanup()
+
+
+def test_status_shows_the_daemons_live_pids_when_the_state_file_lags(tmp_path: Path) -> None:
+    """The state file holds what the daemon last managed to write (a full disk stops it); `status`
+    asks the running daemon, so a pid replaced since then is never shown. Here the file is made
+    stale by hand: the daemon rewrites it only when its own view changes."""
+    h = DaemonHarness(tmp_path)
+    h.write({"a": entry(free_port(), health={"interval_s": 3600})})
+    try:
+        h.start()
+        up = h.wait_states({"a": "ready"})
+        state_file = h.state_dir / "state.json"
+        stale = json.loads(state_file.read_text())
+        stale["servers"]["a"] = {**stale["servers"]["a"], "pid": 4_000_000, "state": "backoff"}
+        state_file.write_text(json.dumps(stale))
+        status = h.cli("status")
+        row = next(line for line in status.stdout.splitlines() if line.startswith("a "))
+        assert str(up["a"]["pid"]) in row and "ready" in row and "4000000" not in row, status.stdout
+        assert status.returncode == 0
+        as_json = json.loads(h.cli("status", "--json").stdout)
+        assert as_json["servers"]["a"]["pid"] == up["a"]["pid"]
+        assert json.loads(state_file.read_text())["servers"]["a"]["pid"] == 4_000_000  # still stale
+        assert h.stop() == 0
+    finally:
         h.cleanup()

@@ -135,7 +135,7 @@ def status(args: argparse.Namespace) -> int:
 
     # launchd first: a daemon that crashes at start under launchd never writes a state file.
     launchd = launchd_status(args.label)  # None where there is no launchctl
-    state = read_state(_state_dir(args))
+    state = _live_state(_state_dir(args), read_state(_state_dir(args)))
     if args.json:
         alive = daemon_alive(state) if state is not None else False
         print(json.dumps({**(state or {}), "daemon_alive": alive, "launchd": launchd}, indent=2))
@@ -147,6 +147,22 @@ def status(args: argparse.Namespace) -> int:
         return status_code(state)
     print(render_status(state))
     return status_code(state)
+
+
+def _live_state(state_dir: Path, recorded: dict | None) -> dict | None:
+    """The running daemon's own view when it answers, else the state file. The file lags while it
+    cannot be written (a full disk): its pids and states may be those of workers long replaced."""
+    from veloxd.daemon.control import DaemonUnreachable, request
+    from veloxd.daemon.views import daemon_alive
+
+    if recorded is None or not daemon_alive(recorded):
+        return recorded
+    try:
+        answer = request(state_dir, {"command": "status"}, timeout=10)
+    except (DaemonUnreachable, ValueError):
+        return recorded
+    live = answer.get("state") if answer.get("ok") else None
+    return live if isinstance(live, dict) else recorded
 
 
 def _ask(args: argparse.Namespace, payload: dict, command: str) -> dict | None:
