@@ -44,7 +44,7 @@ def test_every_key_and_value(installed: tuple[LaunchdHarness, dict, subprocess.C
     assert "assumes the default stop_timeout_s of 30 s" in done.stderr
     assert plist["WorkingDirectory"] == str(h.config.parent)
     args = plist["ProgramArguments"]
-    assert args[1:6] == ["-P", "-m", "veloxd", "run", "--config"]
+    assert args[1:5] == ["-m", "veloxd", "run", "--config"]
     assert args[5] == str(h.config)
     assert args[6] == "--log-file" and args[8] == "--state-dir"
     log_dir = Path(args[7]).parent

@@ -45,7 +45,7 @@ def test_install_writes_the_unit_and_enables_it_now_then_restarts_when_active(h:
     assert unit["WorkingDirectory"] == [str(h.config.parent)]
     argv = shlex.split(unit["ExecStart"][0])
     assert argv[0] == os.path.abspath(sys.executable)
-    assert argv[1:7] == ["-P", "-m", "veloxd", "run", "--config", str(h.config)]
+    assert argv[1:6] == ["-m", "veloxd", "run", "--config", str(h.config)]
     for path_arg in (argv[0], argv[5], argv[7], argv[9]):
         assert os.path.isabs(path_arg)
     env = dict(shlex.split(line)[0].split("=", 1) for line in unit["Environment"])

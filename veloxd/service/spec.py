@@ -61,7 +61,7 @@ class AgentSpec:
     @property
     def program_arguments(self) -> list[str]:
         return [
-            self.python, "-P", "-m", "veloxd", "run",  # -P: a `veloxd` folder in the working dir cannot shadow it
+            self.python, "-m", "veloxd", "run",
             "--config", self.config,
             "--log-file", self.log_file,
             "--state-dir", self.state_dir,
