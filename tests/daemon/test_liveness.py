@@ -225,3 +225,15 @@ def test_repeated_hangs_count_toward_fatal(supervisor, spawner) -> None:
             bring_up(supervisor, spawner, "a", now)
     assert server.state is S.FATAL and server.fatal_reason is not None
     assert "2 failures within 600s" in server.fatal_reason
+
+
+def test_a_shorter_interval_applied_live_counts_from_the_update(supervisor, spawner) -> None:
+    a = make_entry("a", free_port(), health={"interval_s": 3600.0})
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    bring_up(supervisor, spawner, "a", 1.0)
+    server = supervisor.servers["a"]
+    assert server.next_deadline() == 3601.0
+    faster = make_entry("a", a.port, health={"interval_s": 2.0})
+    supervisor.apply(diff(config_of(a), config_of(faster)), {"a": faster}, now=10.0)
+    assert server.state is S.READY and server.entry.health.interval_s == 2.0  # updated, not restarted
+    assert server.next_deadline() == 12.0

@@ -57,6 +57,11 @@ def probe_finished(live: Liveness, sequence: int, error: str | None, now: float,
     return replace(live, in_flight=None, failures=failures, last_error=error, next_probe_at=now + policy.interval_s)
 
 
+def rescheduled(live: Liveness, now: float, policy: HealthPolicy) -> Liveness:
+    """The entry's health keys changed (a live update): a shorter interval counts from now at once."""
+    return replace(live, next_probe_at=min(live.next_probe_at, now + policy.interval_s))
+
+
 def hung(live: Liveness, policy: HealthPolicy) -> bool:
     """`policy.failures` probes in a row failed: the worker is unresponsive."""
     return live.failures >= policy.failures

@@ -168,9 +168,13 @@ class ServerProcess:
         self.child.release_output()  # its lines are logged after the event that names it
 
     def recheck_soon(self, now: float) -> None:
-        """A watch saw something that may clear this WAITING entry's condition: look at the next tick."""
+        """A watch saw something that may clear this WAITING entry's condition: look at the next tick.
+        (Also called after a live update: a READY server's next probe follows a shorter interval.)"""
         if self.state is S.WAITING:
             self._recheck_at = now
+        policy = getattr(self.entry, "health", None)
+        if self.state is S.READY and self.live is not None and policy is not None:
+            self.live = liveness.rescheduled(self.live, now, policy)
 
     def _wait(self, now: float, conditions: list[Condition], **where: Any) -> None:
         """Into (or stay in) WAITING until the world changes; the event is logged when the reason changes."""
