@@ -6,6 +6,8 @@ shipped tiny model, on 127.0.0.1.
   disconnect -> log  = client closes a non-streamed 10M-token request -> `request_cancelled` line
   disconnect -> idle = the same -> the worker's CPU time grows < 0.05 s over 1 s
   too-long -> 400    = a prompt 6x the context -> the 400 reply (tokenizing only, no prefill)
+  sigstop -> ...     = liveness under `veloxd run`: a SIGSTOPped ready worker -> unresponsive,
+                       -> restarted (new pid), -> first 200 (benchmarks/system/liveness.py says how)
 
 Each figure is the median of --repeats runs; the worker is restarted for every SIGTERM run.
 """
@@ -25,6 +27,7 @@ import urllib.request
 from typing import Any
 
 from benchmarks.paths import REPO
+from benchmarks.system import liveness
 from testkit.ports import free_port
 from testkit.process import cpu_seconds
 
@@ -154,9 +157,11 @@ def main() -> None:
             rows["too-long -> 400"].append(too_long(worker))
     finally:
         worker.close()
-    print(f"{'what':<20} {'median s':>9} {'max s':>7}   (tiny-llama, context {CONTEXT}, {args.repeats} runs)")
+    rows.update(liveness.measure(args.repeats))
+    print(f"{'what':<24} {'median s':>9} {'max s':>7}   (tiny-llama, context {CONTEXT}, {args.repeats} runs)")
     for name, values in rows.items():
-        print(f"{name:<20} {statistics.median(values):>9.2f} {max(values):>7.2f}")
+        print(f"{name:<24} {statistics.median(values):>9.2f} {max(values):>7.2f}")
+    print(f"liveness with {liveness.settings()}")
 
 
 if __name__ == "__main__":

@@ -42,6 +42,10 @@ LEGAL = {
     (S.READY, S.BACKOFF),
     (S.READY, S.FATAL),
     (S.READY, S.STOPPING),
+    (S.READY, S.UNRESPONSIVE),  # health.failures probes in a row failed
+    (S.UNRESPONSIVE, S.BACKOFF),  # killed: restarted like a crash
+    (S.UNRESPONSIVE, S.FATAL),
+    (S.UNRESPONSIVE, S.STOPPING),
     (S.BACKOFF, S.STARTING),
     (S.BACKOFF, S.DOWNLOADING),
     (S.BACKOFF, S.STOPPING),

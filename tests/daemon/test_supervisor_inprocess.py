@@ -64,6 +64,7 @@ class FakeSpawner:
     def __init__(self) -> None:
         self.children: list[tuple[str, int, FakeChild]] = []
         self.probes: list[tuple[str, int]] = []
+        self.checks: list[tuple[str, int, int, float]] = []  # liveness probes: name, spawn id, sequence, timeout
 
     def spawn(self, name: str, spawn_id: int, entry: ServerEntry) -> FakeChild:
         child = FakeChild(argv=["veloxd", "serve", *entry.serve_argv()], pid=1000 + len(self.children))
@@ -80,6 +81,9 @@ class FakeSpawner:
     def probe_health(self, name: str, spawn_id: int, host: str, port: int, deadline: float) -> threading.Event:
         self.probes.append((name, spawn_id))
         return threading.Event()
+
+    def check_health(self, name: str, spawn_id: int, sequence: int, host: str, port: int, timeout: float) -> None:
+        self.checks.append((name, spawn_id, sequence, timeout))
 
     def latest(self, name: str) -> tuple[int, FakeChild]:
         spawn_id, child = next((s, c) for n, s, c in reversed(self.children) if n == name)

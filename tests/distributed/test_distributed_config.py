@@ -143,7 +143,7 @@ def test_group_argv_runs_mlx_launcher_with_the_rank_command(tmp_path: Path) -> N
     argv = group_argv(config.servers["coder"], [sys.executable, "-m", "veloxd", "serve"], 7)
     split = argv.index("--")
     launcher, ranks = argv[:split], argv[split + 1 :]
-    assert launcher[:5] == [sys.executable, "-m", "veloxd.distributed.launcher", "--lifeline-fd", "7"]
+    assert launcher[:6] == [sys.executable, "-P", "-m", "veloxd.distributed.launcher", "--lifeline-fd", "7"]
     for flag, value in (
         ("--backend", "ring"),
         ("--hosts", "127.0.0.1,127.0.0.1"),

@@ -8,8 +8,10 @@ not), a body that never arrives, and a SIGTERM in the middle of a generation.
 from __future__ import annotations
 
 import json
+import select
 import signal
 import socket
+import struct
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -147,6 +149,74 @@ def test_a_slow_header_sender_is_cut_off(bounded: Worker) -> None:
     with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
         sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n")  # and never the blank line
         assert read_all(sock) == b""  # closed by the server, not by this test
+
+
+def test_headers_dripping_a_byte_at_a_time_are_cut_off_in_total(bounded: Worker) -> None:
+    """Each byte comes well within the per-read timeout (2 s), so only a total limit on the headers
+    can end this: the connection is closed long before the 200-byte header is complete."""
+    port = bounded.ready()["port"]
+    header = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 150 + b"\r\n\r\n"
+    sent = 0
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        for byte in header:
+            if select.select([sock], [], [], 0)[0] and sock.recv(1, socket.MSG_PEEK) == b"":
+                break  # the server closed its end
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:  # reset by the server
+                break
+            sent += 1
+            time.sleep(0.25)  # pacing of the attack, not a threshold: no assertion reads the clock
+    assert sent < len(header), "the server kept reading a header dripping in for its whole length"
+
+
+def _reset(port: int, payload: bytes) -> None:
+    """Send `payload`, then close with a TCP reset: the worker's answer meets a connection that is gone."""
+    sock = socket.create_connection(("127.0.0.1", port), timeout=60)
+    sock.sendall(payload)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def test_clients_that_vanish_leave_no_traceback(bounded: Worker) -> None:
+    port = bounded.ready()["port"]
+    before = len(lines_with(bounded, "request_too_large"))
+    for _ in range(20):
+        _reset(port, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+        _reset(port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 999999999\r\n\r\n")
+    wait_until(lambda: len(lines_with(bounded, "request_too_large")) >= before + 20, 120, what="every refusal answered")
+    status, _ = http_json(f"http://127.0.0.1:{port}/health", timeout=60)
+    assert status == 200
+    assert not lines_with(bounded, "Traceback") and not lines_with(bounded, "ConnectionResetError")
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        (b'\xff\xfe{"messages": []}', "request body is not UTF-8: byte 0xff at offset 0"),
+        (b'{"messages": ', "request body is not valid JSON: Expecting value"),
+        (b"[1, 2]", "request body must be a JSON object, got list"),
+        (
+            b'{"messages": [{"role": "user", "content": "a\\ud800b"}]}',
+            "messages[0].content holds a lone UTF-16 surrogate",
+        ),
+    ],
+    ids=["not-utf8", "not-json", "not-object", "lone-surrogate"],
+)
+def test_malformed_bodies_get_a_400_json_error_and_no_traceback(bounded: Worker, body: bytes, says: str) -> None:
+    port = bounded.ready()["port"]
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        sock.sendall(
+            b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+            + f"Content-Length: {len(body)}\r\n\r\n".encode()
+            + body
+        )
+        answer = read_all(sock)
+    head, _, payload = answer.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 400"), answer[:300]
+    error = json.loads(payload)["error"]
+    assert says in error["message"] and error["code"] == "invalid_request_error"
+    assert not lines_with(bounded, "Traceback")
 
 
 @pytest.mark.parametrize("stream", [False, True], ids=["non-streamed", "streamed"])

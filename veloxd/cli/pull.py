@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from veloxd import protocol
+from veloxd.launch import veloxd_argv
 from veloxd.paths import default_config_path
 
 
@@ -163,7 +164,7 @@ def _pull_child(label: str, model: str, env: dict[str, str], as_json: bool) -> i
     from veloxd.download.protocol import parse_line
 
     renderer = _renderer(label, as_json)
-    argv = [sys.executable, "-m", "veloxd", "pull", "--progress-json", "--for-person", "--model", model]
+    argv = veloxd_argv("pull", "--progress-json", "--for-person", "--model", model)
     proc = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True, errors="replace")
     assert proc.stdout is not None
     try:

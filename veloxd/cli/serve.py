@@ -62,7 +62,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         type=float,
         default=30.0,
         metavar="S",
-        help="seconds a client has to send its request body (and each header read); slower ones get 408 (default 30)",
+        help="seconds a client has to send its request body (slower: 408) and, in total, its headers (default 30)",
     )
     p.add_argument(
         "--max-body-bytes", metavar="SIZE", help="largest request body, e.g. 32Mi; larger ones get 413 (default 32Mi)"

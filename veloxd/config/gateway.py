@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +25,7 @@ from veloxd.config.keys import (
     yaml_fields,
 )
 from veloxd.config.sections import RestartPolicy
+from veloxd.launch import veloxd_argv
 
 GATEWAY_NAME = "@gateway"  # its name among supervised processes: never a valid entry name
 # Ports of entries that leave `port` out come from this range: a hash of the name, probed upward.
@@ -179,7 +179,7 @@ class GatewayEntry:
     @property
     def program(self) -> list[str]:
         """Replaces the worker command: the gateway is never a `veloxd serve`."""
-        return [sys.executable, "-m", "veloxd", "gateway"]
+        return veloxd_argv("gateway")
 
     def serve_argv(self) -> list[str]:
         return ["--host", self.host, "--port", str(self.port)]

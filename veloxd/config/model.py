@@ -16,7 +16,7 @@ from veloxd.config.argv import serve_argv
 from veloxd.config.codec import entry_from_dict, entry_to_dict, flat_keys
 from veloxd.config.gateway import ASSIGNED_PORTS
 from veloxd.config.keys import API_KEY_ENV_SCHEMA, ENV_SCHEMA, HOST_SCHEMA, key, section
-from veloxd.config.sections import Dashboard, Distributed, Limits, PromptCache, RestartPolicy, Sampling
+from veloxd.config.sections import Dashboard, Distributed, Health, Limits, PromptCache, RestartPolicy, Sampling
 from veloxd.kv.config import KVCacheConfig
 
 if TYPE_CHECKING:
@@ -132,6 +132,12 @@ class ServerEntry:
     restart: RestartPolicy = section(
         RestartPolicy,
         help="What happens when the server crashes or fails to start: exponential backoff, then FATAL.",
+        live=True,
+    )
+    health: Health = section(
+        Health,
+        help="Liveness: how often a ready server's /health is probed, how long a probe may take, and "
+        "how many failures in a row mark it unresponsive (killed and restarted like a crash).",
         live=True,
     )
     distributed: Distributed | None = section(

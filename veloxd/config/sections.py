@@ -1,4 +1,4 @@
-"""The nested blocks of a server entry (sampling, prompt_cache, limits, restart, distributed) and `dashboard:`."""
+"""The nested blocks of a server entry (sampling, prompt_cache, limits, restart, health, distributed) and `dashboard:`."""
 
 from __future__ import annotations
 
@@ -68,8 +68,8 @@ class Limits:
     )
     request_body_timeout_s: float = key(
         30.0,
-        help="Seconds a client has to send a request's body (and each "
-        "read of its headers); a slower one gets 408 and the connection closes.",
+        help="Seconds a client has to send a request's body (a slower one gets 408), and, in "
+        "total, its request line and headers (a slower one is disconnected).",
         schema={"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
     )
     max_body_bytes: int = key(
@@ -102,6 +102,28 @@ class RestartPolicy:
         60.0,
         help="Longest delay between restarts; at least backoff_initial_s.",
         schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+    )
+
+
+@dataclass(frozen=True)
+class Health:
+    """Liveness after READY: the daemon's periodic `GET /health` of a ready worker (docs/operations.md)."""
+
+    interval_s: float = key(
+        10.0,
+        help="Seconds between health probes of a ready server.",
+        schema={"type": "number", "minimum": 0.1, "maximum": 3600},
+    )
+    timeout_s: float = key(
+        5.0,
+        help="Seconds one probe may take (connect, request, answer) before it counts as failed.",
+        schema={"type": "number", "exclusiveMinimum": 0, "maximum": 600},
+    )
+    failures: int = key(
+        3,
+        help="Consecutive failed probes after which the server is unresponsive: SIGTERM, SIGKILL "
+        "after stop_timeout_s, then a restart with backoff as after a crash.",
+        schema={"type": "integer", "minimum": 1, "maximum": 1000},
     )
 
 

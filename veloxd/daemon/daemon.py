@@ -154,7 +154,7 @@ class Daemon:
 
     # ---- messages -------------------------------------------------------------------------
     def _handle(self, msg: Any, now: float) -> None:
-        if isinstance(msg, (m.ChildExited, m.ReadyLine, m.DownloadLine, m.Healthy)):
+        if isinstance(msg, (m.ChildExited, m.ReadyLine, m.DownloadLine, m.Healthy, m.HealthProbed)):
             self.supervisor.on_message(msg, now)
             self.dashboard.supervisor.on_message(msg, now)  # each ignores the other's names
             if isinstance(msg, m.ReadyLine):

@@ -7,7 +7,6 @@ The daemon never imports huggingface_hub: the step is a `veloxd pull --progress-
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +14,7 @@ from veloxd import protocol
 from veloxd.download import cache
 from veloxd.download.progress import Meter, should_report
 from veloxd.download.protocol import percent
+from veloxd.launch import veloxd_argv
 
 
 def needs_download(model: str, env: Mapping[str, str]) -> bool:
@@ -30,17 +30,7 @@ def worker_hub_env(model: str) -> dict[str, str]:
 
 
 def download_command(model: str, lifeline_fd: int) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "veloxd",
-        "pull",
-        "--progress-json",
-        "--model",
-        model,
-        protocol.LIFELINE_FLAG,
-        str(lifeline_fd),
-    ]
+    return veloxd_argv("pull", "--progress-json", "--model", model, protocol.LIFELINE_FLAG, str(lifeline_fd))
 
 
 class DownloadPhase:

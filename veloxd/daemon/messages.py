@@ -102,6 +102,16 @@ class Healthy:
     spawn_id: int
 
 
+@dataclass(frozen=True)
+class HealthProbed:
+    """One liveness probe of a READY worker ended: `error` None means /health answered 200."""
+
+    server: str
+    spawn_id: int
+    sequence: int
+    error: str | None
+
+
 @dataclass(eq=False)
 class Reply:
     """A one-shot answer slot: the loop fills it, the control thread waits on it."""
@@ -132,4 +142,5 @@ Message = (
     | ReadyLine
     | DownloadLine
     | Healthy
+    | HealthProbed
 )

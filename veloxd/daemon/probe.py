@@ -15,12 +15,21 @@ from veloxd.endpoints import connect_host
 
 def health_ok(host: str, port: int, timeout: float = 1.0) -> bool:
     """One `GET /health`; True on HTTP 200."""
+    return health_error(host, port, timeout) is None
+
+
+def health_error(host: str, port: int, timeout: float) -> str | None:
+    """One `GET /health`: None on HTTP 200, else what went wrong (a refused connection, a timeout, a status)."""
     conn = http.client.HTTPConnection(connect_host(host), port, timeout=timeout)
     try:
         conn.request("GET", "/health")
-        return conn.getresponse().status == 200
-    except (OSError, http.client.HTTPException):
-        return False
+        response = conn.getresponse()
+        response.read()
+        return None if response.status == 200 else f"HTTP {response.status}"
+    except TimeoutError:
+        return f"no answer within {timeout:g} s"
+    except (OSError, http.client.HTTPException) as err:
+        return f"{type(err).__name__}: {err}"
     finally:
         conn.close()
 

@@ -11,7 +11,6 @@ import contextlib
 import os
 import signal
 import subprocess
-import sys
 import threading
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
@@ -21,6 +20,7 @@ from typing import IO
 import psutil
 
 from veloxd import protocol
+from veloxd.launch import veloxd_argv
 
 TAIL_LINES = 20
 READER_JOIN_S = 2.0  # a grandchild keeping the pipe open must not hold up the exit report
@@ -185,7 +185,7 @@ def worker_env(extra: Mapping[str, str]) -> dict[str, str]:
 
 
 def default_worker_command() -> list[str]:
-    return [sys.executable, "-m", "veloxd", "serve"]
+    return veloxd_argv("serve")
 
 
 WORKER_PREFIX = "veloxd serve: "

@@ -15,6 +15,7 @@ from typing import Any, Protocol
 
 from veloxd import protocol
 from veloxd.config.world import Condition, entry_conditions
+from veloxd.daemon import liveness
 from veloxd.daemon.download import DownloadPhase, needs_download
 from veloxd.daemon.process import Child, describe_exit, error_line, worker_env
 from veloxd.daemon.state import (
@@ -32,6 +33,7 @@ EVENT_FOR_STATE = {
     S.WAITING: "server_waiting",
     S.STARTING: "server_starting",
     S.READY: "server_ready",
+    S.UNRESPONSIVE: "server_unresponsive",
     S.BACKOFF: "server_backoff",
     S.FATAL: "server_fatal",
     S.STOPPING: "server_stopping",
@@ -51,6 +53,8 @@ class Spawner(Protocol):
     def spawn_download(self, name: str, spawn_id: int, entry: Any) -> Child: ...
 
     def probe_health(self, name: str, spawn_id: int, host: str, port: int, deadline: float) -> threading.Event: ...
+
+    def check_health(self, name: str, spawn_id: int, sequence: int, host: str, port: int, timeout: float) -> None: ...
 
 
 CheckWorld = Callable[[Any], list[Condition]]
@@ -95,6 +99,7 @@ class ServerProcess:
         self._timed_out = False
         self._awaiting_exit = False  # a worker was spawned and its exit not yet reported
         self._probe_cancel: threading.Event | None = None
+        self.live: liveness.Liveness | None = None  # while READY, for an entry with a `health` section
 
     @property
     def name(self) -> str:
@@ -109,7 +114,7 @@ class ServerProcess:
         old = self.state
         self.state = transition(old, new)
         self.since = wall_clock()
-        level = "error" if new is S.FATAL else "warning" if new in (S.BACKOFF, S.WAITING) else "info"
+        level = "error" if new is S.FATAL else "warning" if new in (S.BACKOFF, S.WAITING, S.UNRESPONSIVE) else "info"
         pid = self.child.pid if self.child is not None else None  # the worker concerned, even if gone
         getattr(self._log, level)(EVENT_FOR_STATE[new], pid=pid, from_state=old.value, state=new.value, **event)
 
@@ -118,6 +123,7 @@ class ServerProcess:
         """STOPPED/BACKOFF/WAITING -> DOWNLOADING if the model is not local yet, else on to STARTING."""
         self.child = None
         self.ready_payload = None
+        self.live = None
         self._refused = None
         self._timed_out = self._killed = False
         if needs_download(self.entry.model, worker_env(self.entry.env)):
@@ -168,9 +174,13 @@ class ServerProcess:
         self.child.release_output()  # its lines are logged after the event that names it
 
     def recheck_soon(self, now: float) -> None:
-        """A watch saw something that may clear this WAITING entry's condition: look at the next tick."""
+        """A watch saw something that may clear this WAITING entry's condition: look at the next tick.
+        (Also called after a live update: a READY server's next probe follows a shorter interval.)"""
         if self.state is S.WAITING:
             self._recheck_at = now
+        policy = getattr(self.entry, "health", None)
+        if self.state is S.READY and self.live is not None and policy is not None:
+            self.live = liveness.rescheduled(self.live, now, policy)
 
     def _wait(self, now: float, conditions: list[Condition], **where: Any) -> None:
         """Into (or stay in) WAITING until the world changes; the event is logged when the reason changes."""
@@ -191,10 +201,12 @@ class ServerProcess:
         if self.state in (S.STOPPING, S.STOPPED):
             return
         self._cancel_probe()
+        hung = self.state is S.UNRESPONSIVE  # already sent SIGTERM; its SIGKILL deadline stands
         self._become(S.STOPPING, stop_timeout_s=self.entry.stop_timeout_s)
         if self.child is not None and self._awaiting_exit:
-            self.child.signal_group(signal.SIGTERM)  # STOPPED when the exit is reported
-            self._kill_at = now + self.entry.stop_timeout_s
+            if not hung:
+                self.child.signal_group(signal.SIGTERM)  # STOPPED when the exit is reported
+                self._kill_at = now + self.entry.stop_timeout_s
             return
         self._become(S.STOPPED, exit=self.last_exit)
 
@@ -243,7 +255,41 @@ class ServerProcess:
             return
         self._probe_cancel = None
         self.startup_s = round(now - self._spawned_at, 3)
+        policy = getattr(self.entry, "health", None)  # model servers have one; the gateway and dashboard not
+        self.live = liveness.on_ready(now, policy) if policy is not None else None
         self._become(S.READY, startup_s=self.startup_s, ready=self.ready_payload)
+
+    def on_health_probed(self, spawn_id: int, sequence: int, error: str | None, now: float) -> None:
+        """A liveness probe's outcome; `health.failures` failures in a row: UNRESPONSIVE, SIGTERM."""
+        policy = getattr(self.entry, "health", None)
+        if spawn_id != self.spawn_id or self.state is not S.READY or self.live is None or policy is None:
+            return
+        before = self.live
+        self.live = liveness.probe_finished(before, sequence, error, now, policy)
+        if self.live is before:
+            return
+        pid = self.pid
+        if error is None:
+            if before.failures:
+                self._log.info("server_health_recovered", pid=pid, failures=before.failures)
+            return
+        self._log.warning(
+            "server_health_failed", pid=pid, failures=self.live.failures, limit=policy.failures, error=error
+        )
+        if not liveness.hung(self.live, policy):
+            return
+        self.last_error = f"unresponsive: {self.live.failures} health probes failed in a row (last: {error})"
+        self._become(
+            S.UNRESPONSIVE,
+            failures=self.live.failures,
+            interval_s=policy.interval_s,
+            timeout_s=policy.timeout_s,
+            error=error,
+            stop_timeout_s=self.entry.stop_timeout_s,
+        )
+        if self.child is not None:
+            self.child.signal_group(signal.SIGTERM)  # a hung worker may ignore it: SIGKILL at _kill_at
+        self._kill_at, self._killed = now + self.entry.stop_timeout_s, False
 
     def on_exit(self, spawn_id: int, returncode: int, now: float) -> None:
         if spawn_id != self.spawn_id or self.child is None or not self._awaiting_exit:
@@ -268,7 +314,7 @@ class ServerProcess:
         if expected:
             self._become(S.STOPPED, exit=self.last_exit, killed=self._killed)
             return
-        if self.state not in (S.STARTING, S.READY):
+        if self.state not in (S.STARTING, S.READY, S.UNRESPONSIVE):
             return
         if self.state is S.STARTING and returncode == protocol.ExitCode.PORT_IN_USE and not self._timed_out:
             # Free when the daemon looked, taken when the worker bound it: the port's holder is the
@@ -277,12 +323,13 @@ class ServerProcess:
             where = {"host": self.entry.host, "port": self.entry.port, "method": self.entry.method}
             self._wait(now, [Condition("port", ("port",), said)], model=self.entry.model, **where)
             return
-        reason = "ready_timeout" if self._timed_out else "exited"
+        reason = "ready_timeout" if self._timed_out else "unresponsive" if self.state is S.UNRESPONSIVE else "exited"
         stderr = [line for line in tail.get("stderr", []) if line.strip()]
         exit_text = describe_exit(returncode)
-        self.last_error = (
-            stderr[-1] if stderr else f"{reason}: {exit_text['signal'] or 'code ' + str(exit_text['code'])}"
-        )
+        if reason != "unresponsive":  # else last_error already says why it was killed
+            self.last_error = (
+                stderr[-1] if stderr else f"{reason}: {exit_text['signal'] or 'code ' + str(exit_text['code'])}"
+            )
         unfixable = self._refused
         if unfixable is None and returncode == UNFIXABLE_EXIT:
             said = self.last_exit.get("error")
@@ -328,7 +375,9 @@ class ServerProcess:
             self.state is S.WAITING and now >= self._recheck_at
         ):
             self.start(now)  # retry after backoff, or look at the world again
-        elif self.state is S.STOPPING and not self._killed and now >= self._kill_at:
+        elif self.state is S.READY and self.live is not None and liveness.probe_due(self.live, now):
+            self._probe(now)
+        elif self.state in (S.STOPPING, S.UNRESPONSIVE) and not self._killed and now >= self._kill_at:
             self._killed = True
             if self.child is not None and self.child.signal_group(signal.SIGKILL):
                 self._log.warning("server_killed", pid=self.child.pid, stop_timeout_s=self.entry.stop_timeout_s)
@@ -340,9 +389,19 @@ class ServerProcess:
             return self._retry_at
         if self.state is S.WAITING:
             return self._recheck_at
-        if self.state is S.STOPPING and not self._killed:
+        if self.state in (S.STOPPING, S.UNRESPONSIVE) and not self._killed:
             return self._kill_at
+        if self.state is S.READY and self.live is not None:
+            return liveness.next_deadline(self.live)
         return None
+
+    def _probe(self, now: float) -> None:
+        """Start one liveness probe; its report (HealthProbed) arrives through the loop."""
+        assert self.live is not None
+        self.live = liveness.probe_started(self.live)
+        entry = self.entry
+        timeout = entry.health.timeout_s
+        self._spawner.check_health(self.name, self.spawn_id, self.live.sequence, entry.host, entry.port, timeout)
 
     # ---- helpers ----------------------------------------------------------------------
     def _fail(self, now: float, reason: str, unfixable: str | None, detail: str | None = None, **event: Any) -> None:
@@ -393,6 +452,8 @@ class ServerProcess:
             "download": self.download.progress() if self.download is not None else None,
             "last_error": self.last_error,
             "startup_s": self.startup_s,
+            # while READY: liveness probes started since, and how many of the last ones failed in a row
+            "health": {"probes": self.live.sequence, "failures": self.live.failures} if self.live is not None else None,
             "ready": self.ready_payload,  # the worker's READY line: bits, measured KV bytes per token, endpoints
             "waiting_reason": self.waiting_reason(),
             "stop_timeout_s": entry.stop_timeout_s,

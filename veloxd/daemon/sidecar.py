@@ -8,7 +8,6 @@ its port, prints `VELOXD_READY {json}`, answers GET /health, exits when the life
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,12 +16,13 @@ from typing import Any
 from veloxd.config.plan import Plan
 from veloxd.config.sections import Dashboard, RestartPolicy
 from veloxd.daemon.supervisor import Supervisor, WorkerSpawner
+from veloxd.launch import veloxd_argv
 
 NAME = "@dashboard"  # never a server name (those start with a letter or digit): no clash in logs or messages
 
 
 def web_command() -> list[str]:
-    return [sys.executable, "-m", "veloxd", "web"]
+    return veloxd_argv("web")
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,7 @@ class ServerState(enum.Enum):
     WAITING = "waiting"  # a condition of the world (model path, port, env var) is not met yet
     STARTING = "starting"
     READY = "ready"
+    UNRESPONSIVE = "unresponsive"  # ready, then its /health failed N probes in a row: being killed
     BACKOFF = "backoff"
     FATAL = "fatal"
     STOPPING = "stopping"
@@ -37,7 +38,10 @@ TRANSITIONS: Final[Mapping[ServerState, frozenset[ServerState]]] = {
     # STARTING -> READY needs the READY line and /health 200; FATAL = unfixable (exit 2); WAITING =
     # the worker found its port taken after the daemon's check (exit 4).
     S.STARTING: frozenset({S.READY, S.BACKOFF, S.FATAL, S.WAITING, S.STOPPING}),
-    S.READY: frozenset({S.BACKOFF, S.FATAL, S.STOPPING}),  # unexpected exit
+    S.READY: frozenset({S.BACKOFF, S.FATAL, S.STOPPING, S.UNRESPONSIVE}),  # unexpected exit; hung
+    # UNRESPONSIVE: SIGTERM sent, SIGKILL after stop_timeout_s; its exit is a failure (BACKOFF or
+    # FATAL, as a crash), or STOPPED-bound when a stop was asked meanwhile.
+    S.UNRESPONSIVE: frozenset({S.BACKOFF, S.FATAL, S.STOPPING}),
     S.BACKOFF: frozenset({S.DOWNLOADING, S.STARTING, S.WAITING, S.STOPPING}),  # delay over, or stopped meanwhile
     S.FATAL: frozenset({S.STOPPING}),  # only a config change or `veloxd restart NAME` leaves it
     S.STOPPING: frozenset({S.STOPPED}),  # SIGTERM to the group, SIGKILL after stop_timeout_s

@@ -17,7 +17,7 @@ from typing import Any
 from veloxd import protocol
 from veloxd.daemon import messages as m
 from veloxd.daemon.download import download_command, worker_hub_env
-from veloxd.daemon.probe import wait_healthy
+from veloxd.daemon.probe import health_error, wait_healthy
 from veloxd.daemon.process import Child, Lifeline, worker_env
 from veloxd.daemon.server import ServerProcess
 from veloxd.daemon.state import ServerState
@@ -108,6 +108,14 @@ class WorkerSpawner:
 
         threading.Thread(target=run, name=f"health-{name}", daemon=True).start()
         return cancel
+
+    def check_health(self, name: str, spawn_id: int, sequence: int, host: str, port: int, timeout: float) -> None:
+        """One liveness probe on its own thread (it may wait out `timeout`); its outcome becomes a message."""
+
+        def run() -> None:
+            self._inbox.put(m.HealthProbed(name, spawn_id, sequence, health_error(host, port, timeout)))
+
+        threading.Thread(target=run, name=f"liveness-{name}", daemon=True).start()
 
 
 def _scrubber(entry: Any, env: Mapping[str, str]) -> Callable[[str], str] | None:
@@ -216,7 +224,9 @@ class Supervisor:
         return all(s.state is ServerState.STOPPED for s in self.servers.values())
 
     # ---- the loop's calls ----------------------------------------------------------------
-    def on_message(self, msg: m.ChildExited | m.ReadyLine | m.DownloadLine | m.Healthy, now: float) -> None:
+    def on_message(
+        self, msg: m.ChildExited | m.ReadyLine | m.DownloadLine | m.Healthy | m.HealthProbed, now: float
+    ) -> None:
         server = self.servers.get(msg.server)
         if server is None:
             return
@@ -226,6 +236,8 @@ class Supervisor:
             server.on_ready_line(msg.spawn_id, msg.payload, msg.problem)
         elif isinstance(msg, m.DownloadLine):
             server.on_download_line(msg.spawn_id, msg.payload, now)
+        elif isinstance(msg, m.HealthProbed):
+            server.on_health_probed(msg.spawn_id, msg.sequence, msg.error, now)
         else:
             server.on_healthy(msg.spawn_id, now)
         self._advance(now)

@@ -7,12 +7,12 @@ veloxd.distributed.launcher` with MLX's launcher flags, then `--`, then the rank
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Sequence
 from typing import Any
 
 from veloxd.distributed.hostfile import parse_hostfile
 from veloxd.distributed.rank_lines import split_rank
+from veloxd.launch import module_argv
 
 __all__ = ["describe", "group_argv", "group_status", "rank_count", "split_rank"]
 
@@ -73,9 +73,7 @@ def group_argv(entry: Any, worker_command: Sequence[str], lifeline_fd: int) -> l
     if block.python is not None:
         rank_command[0] = block.python
     rank_command += [*entry.serve_argv(), "--distributed", block.parallelism, "--lifeline-fd", "0"]
-    argv = [
-        sys.executable,
-        "-m",
+    argv = module_argv(
         "veloxd.distributed.launcher",
         "--lifeline-fd",
         str(lifeline_fd),
@@ -83,7 +81,7 @@ def group_argv(entry: Any, worker_command: Sequence[str], lifeline_fd: int) -> l
         block.backend,
         "--starting-port",
         str(block.port),
-    ]
+    )
     argv += ["--hosts", ",".join(block.hosts)] if block.hosts is not None else ["--hostfile", block.hostfile]
     if block.cwd is not None:
         argv += ["--cwd", block.cwd]

@@ -1,10 +1,12 @@
-"""Per-request bounds that need no mlx: body size and time, and noticing a client that left.
+"""Per-request bounds that need no mlx: header and body time, body size and form, and noticing a client that left.
 
 The HTTP handler (veloxd/serve/mlx_compat.py) calls these; they speak only sockets and files.
 """
 
 from __future__ import annotations
 
+import io
+import json
 import select
 import socket
 import time
@@ -133,3 +135,90 @@ class RequestWatch:
             return False
         self._checked = now
         return peer_closed(self.sock)
+
+
+class HeaderDeadline(io.RawIOBase):
+    """The connection's reader with a total deadline while a request line and headers arrive.
+
+    The socket timeout alone restarts with every byte, so a client sending a byte a second holds
+    a handler thread forever; while `deadline` is set, each read waits at most what is left of it
+    and a read after it raises TimeoutError (http.server then drops the connection). Each read is
+    one `readinto1` of the socket's own buffered file: at most one recv.
+    """
+
+    def __init__(self, inner: io.BufferedReader, sock: socket.socket) -> None:
+        super().__init__()
+        self._inner, self._sock = inner, sock
+        self.deadline: float | None = None
+        self.expired = False
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        if self.deadline is not None:
+            left = self.deadline - time.monotonic()
+            if left <= 0:
+                self.expired = True
+                raise TimeoutError("request headers not received in time")
+            self._sock.settimeout(left)
+        try:
+            return self._inner.readinto1(buffer)
+        except TimeoutError:
+            self.expired = self.deadline is not None
+            raise
+
+    def close(self) -> None:
+        self._inner.close()
+        super().close()
+
+
+def client_gone_error(err: BaseException | None) -> bool:
+    """A write or read failed because the client went away (or stalled past a timeout): not our fault."""
+    return isinstance(err, (ConnectionError, TimeoutError))
+
+
+def check_json_body(body: bytes) -> None:
+    """BodyRefused(400) naming what is wrong with a request body: not UTF-8, not JSON, not an
+    object, or a string holding a lone surrogate (valid JSON, but no tokenizer can encode it)."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise BodyRefused(
+            400,
+            f"request body is not UTF-8: byte 0x{body[err.start]:02x} at offset {err.start}",
+            "invalid_request_error",
+        ) from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise BodyRefused(400, f"request body is not valid JSON: {err}", "invalid_request_error") from None
+    if not isinstance(data, dict):
+        raise BodyRefused(
+            400, f"request body must be a JSON object, got {type(data).__name__}", "invalid_request_error"
+        )
+    where = lone_surrogate(data, "")
+    if where is not None:
+        raise BodyRefused(
+            400, f"{where} holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape)", "invalid_request_error"
+        )
+
+
+def lone_surrogate(value: Any, path: str) -> str | None:
+    """The JSON path of the first string (key or value) that cannot be encoded as UTF-8, if any."""
+    stack = [(value, path)]
+    while stack:
+        item, where = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError:
+                return where or "the body"
+        elif isinstance(item, dict):
+            for key, child in reversed(list(item.items())):
+                if lone_surrogate(key, "") is not None:
+                    return f"a key of {where or 'the body'}"
+                stack.append((child, f"{where}.{key}" if where else str(key)))
+        elif isinstance(item, list):
+            stack.extend((child, f"{where}[{i}]") for i, child in reversed(list(enumerate(item))))
+    return None

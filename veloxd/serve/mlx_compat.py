@@ -22,7 +22,9 @@ import io
 import json
 import logging
 import queue
+import sys
 import threading
+import time
 from collections.abc import Callable
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -34,7 +36,17 @@ import mlx_lm
 from mlx_lm import server as mlx_server
 from mlx_lm.models.cache import _BaseCache
 
-from veloxd.serve.bounds import BodyRefused, ClientGone, PromptTooLong, RequestCancelled, RequestWatch, read_body
+from veloxd.serve.bounds import (
+    BodyRefused,
+    ClientGone,
+    HeaderDeadline,
+    PromptTooLong,
+    RequestCancelled,
+    RequestWatch,
+    check_json_body,
+    client_gone_error,
+    read_body,
+)
 from veloxd.serve.limits import RequestLimits, context_length
 from veloxd.serve.stats import STATS_PATH, RequestStats, RequestTimer
 
@@ -284,12 +296,31 @@ def handler_class(
     bounds = limits or RequestLimits()
 
     class VeloxHandler(mlx_server.APIHandler):
-        timeout = bounds.body_timeout_s  # per socket read while the request line and headers arrive
+        timeout = bounds.body_timeout_s  # per socket read; the request line and headers also in total
 
         def __init__(self, response_generator: Any, *args: Any, **kwargs: Any) -> None:
             self._shared_generator = response_generator
             self._status = 0
             super().__init__(response_generator, *args, **kwargs)
+
+        def setup(self) -> None:
+            super().setup()
+            self._reader = HeaderDeadline(self.rfile, self.connection)  # type: ignore[arg-type]
+            self.rfile = io.BufferedReader(self._reader)
+
+        def handle_one_request(self) -> None:
+            """Request line and headers within `timeout` in total (a keep-alive wait for the next one too)."""
+            self._reader.deadline = time.monotonic() + self.timeout
+            super().handle_one_request()
+            if self._reader.expired:
+                self._reader.deadline = None
+                logging.debug("request_headers_timed_out timeout_s=%g", self.timeout)
+
+        def parse_request(self) -> bool:
+            parsed = super().parse_request()
+            self._reader.deadline = None  # headers are in: the body has its own bound (read_body)
+            self.connection.settimeout(self.timeout)
+            return parsed
 
         def send_response(self, code: int, message: str | None = None) -> None:
             self._status = code
@@ -363,6 +394,13 @@ def handler_class(
             if body is None:  # no usable Content-Length: mlx_lm answers 411 or 400
                 super().do_POST()
                 return
+            if self.path in POST_PATHS:
+                try:
+                    check_json_body(body)  # before mlx_lm's parse: its own answers are a traceback or a 404
+                except BodyRefused as refused:
+                    logging.warning("request_refused reason=%s status=%d", refused.code, refused.status)
+                    self._send_error(refused.status, refused.message, refused.code)
+                    return
             socket_file, self.rfile = self.rfile, io.BytesIO(body)
             try:
                 super().do_POST()
@@ -441,6 +479,24 @@ def start_generator(provider: PinnedProvider) -> StoppableGenerator:
     return StoppableGenerator(provider, mlx_server.LRUPromptCache(provider.cli_args.prompt_cache_size))
 
 
+POST_PATHS = ("/v1/completions", "/v1/chat/completions", "/chat/completions")  # mlx_lm's do_POST routes
+LISTEN_BACKLOG = 128  # socketserver's default of 5 refuses a burst of connections
+
+
+class VeloxHTTPServer(ThreadingHTTPServer):
+    """mlx_lm's threading server: a normal listen backlog, and a client that left is no traceback."""
+
+    daemon_threads = True
+    request_queue_size = LISTEN_BACKLOG
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        err = sys.exc_info()[1]
+        if client_gone_error(err):
+            logging.debug("client_gone error=%s", type(err).__name__)
+            return
+        logging.error("request_failed error=%r", err, exc_info=True)
+
+
 class ServerHandle:
     """The bound HTTP server and mlx_lm's response generator, for serve_forever/shutdown."""
 
@@ -449,17 +505,15 @@ class ServerHandle:
             host, port, type=mlx_server.socket.SOCK_STREAM, flags=mlx_server.socket.AI_PASSIVE
         )
         family, _, _, _, address = infos[0]
-        server_class = type(
-            "VeloxHTTPServer", (ThreadingHTTPServer,), {"address_family": family, "daemon_threads": True}
-        )
+        server_class = type("VeloxHTTPServer", (VeloxHTTPServer,), {"address_family": family})
         # Bind before the model loads: once READY is printed, the port is already listening.
         self.httpd = server_class(address, self._make_handler)
         self._handler = handler
+        self._fingerprint = mlx_server.get_system_fingerprint()  # once: no MLX call per connection
         self.generator = start_generator(provider)
 
     def _make_handler(self, *args: Any, **kwargs: Any) -> Any:
-        fingerprint = mlx_server.get_system_fingerprint()
-        return self._handler(self.generator, *args, system_fingerprint=fingerprint, **kwargs)
+        return self._handler(self.generator, *args, system_fingerprint=self._fingerprint, **kwargs)
 
     def serve_forever(self) -> None:
         self.httpd.serve_forever(poll_interval=0.2)

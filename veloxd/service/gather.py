@@ -72,7 +72,13 @@ def max_stop_timeout(config_path: str) -> tuple[float, str | None]:
 def _imports_veloxd(python: str, env: dict[str, str], cwd: str) -> bool:
     try:
         probe = subprocess.run(
-            [python, "-c", "import veloxd.cli"], env=env, cwd=cwd, capture_output=True, timeout=60, check=False
+            # -P as the agent runs it: a `veloxd` folder in cwd must not hide an (editable) install
+            [python, "-P", "-c", "import veloxd.cli"],
+            env=env,
+            cwd=cwd,
+            capture_output=True,
+            timeout=60,
+            check=False,
         )
     except (OSError, subprocess.TimeoutExpired):
         return False

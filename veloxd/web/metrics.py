@@ -83,7 +83,6 @@ class VeloxdCollector:
             [([s["name"]], s["restarts"]) for s in servers],
             labels=["server"],
         )
-        snapshots = self.monitor.state.get("servers") or {}
         for name, key, doc in (
             ("veloxd_server_starts", "starts", "Worker starts of every kind: the first, on-demand starts, restarts."),
             (
@@ -95,7 +94,7 @@ class VeloxdCollector:
             yield _counter(
                 name,
                 doc,
-                [([s["name"]], (snapshots.get(s["name"]) or {}).get(key)) for s in servers],
+                [([s["name"]], s.get(key)) for s in servers],
                 labels=["server"],
             )
         yield _gauge(

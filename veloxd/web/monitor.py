@@ -233,6 +233,8 @@ class Monitor:
             "uptime_s": _seconds_since(snap.get("since"), now) if state == "ready" else None,
             "startup_s": snap.get("startup_s"),
             "restarts": snap.get("restarts", 0),
+            "starts": snap.get("starts"),
+            "on_demand_starts": snap.get("on_demand_starts"),
             "failures": snap.get("failures", 0),
             "last_error": snap.get("last_error") or snap.get("fatal_reason"),
             "download": snap.get("download"),  # while downloading: bytes, percent, rate, ETA
