@@ -73,7 +73,7 @@ def test_derived_totals_match_caches_filled_to_those_lengths(
     figure = footprint.to_dict()
     assert figure["max_context"] == model.args.max_position_embeddings
     assert set(figure["at"]) == {"4096", "32768", str(model.args.max_position_embeddings)}
-    assert "measured" in figure["source"] and "derived" in figure["source"]
+    assert figure["source"] == "measured" and "measured" in figure["how"] and "derived" in figure["how"]
     evicting = registry.get(method).evicts
     for n in LENGTHS:
         derived = footprint.at(n)

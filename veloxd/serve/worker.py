@@ -156,11 +156,8 @@ def bind_server(options: ServeOptions, provider: PinnedProvider, model_id: str, 
 
 
 def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
-    """Load, wire, READY, serve. `stopper` is the one the early lifeline watch already holds."""
-    if options.distributed is not None:
-        from veloxd.serve.distributed import serve_rank
-
-        return serve_rank(options)
+    """Load, wire, READY, serve. `stopper` is the one the early lifeline watch already holds.
+    (A distributed rank runs veloxd.serve.distributed.serve_rank instead: cli/serve.py picks.)"""
     check_version()
     refused = preflight.refusal(options.model, options.kv)
     if refused:
