@@ -141,3 +141,16 @@ def test_a_worker_started_by_hand_keeps_figures_in_the_user_cache_dir(tmp_path: 
     assert state_dir({"XDG_CACHE_HOME": str(tmp_path)}) == tmp_path / "veloxd"
     assert state_dir({"HOME": "/h"}).name == "veloxd"
     assert state_dir({protocol.STATE_DIR_ENV: str(tmp_path / "s")}) == tmp_path / "s"
+
+
+@pytest.mark.slow
+def test_a_second_worker_start_reads_the_figure_back(tiny_model: Path, tmp_path: Path) -> None:
+    from tests.support import Worker, free_port
+
+    env = {protocol.STATE_DIR_ENV: str(tmp_path)}
+    labels = []
+    for _ in range(2):
+        worker = Worker("--model", str(tiny_model), "--method", "fp16", "--port", str(free_port()), env=env)
+        labels.append(worker.ready()["kv_memory"]["source"])
+        assert worker.stop() == 0
+    assert labels == ["measured", "cached"]
