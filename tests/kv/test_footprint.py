@@ -96,3 +96,13 @@ def test_derived_totals_match_caches_filled_to_those_lengths(
     else:
         assert figure["eviction_cap_tokens"] is None and figure["capped_bytes"] is None
         assert figure["bytes_per_token"]["method"] < figure["bytes_per_token"]["fp16"]
+
+
+@pytest.mark.parametrize("method", [m for m in registry.names() if m != "fp16" and not registry.get(m).evicts])
+def test_a_continued_probe_holds_what_fresh_prompts_hold(model, method: str) -> None:
+    """measure() runs one cache through both probe lengths when the method never evicts: exact only
+    if the bytes after a continuation equal those after a fresh prompt of that length."""
+    config = KVCacheConfig(method=method)
+    fresh = [filled_bytes(model, make_caches(model, config), n)[-1] for n in (256, 512)]
+    footprint = measure(model, config)
+    assert [round(footprint.at(n)["method"]) for n in (256, 512)] == fresh

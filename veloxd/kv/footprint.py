@@ -32,6 +32,7 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from veloxd.kv import registry
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.factory import make_caches, native_caches
 
@@ -163,6 +164,23 @@ def _layer_bytes(model: Any, caches: list[Any], n: int, generated: int = 0) -> l
     return [c.nbytes for c in caches]
 
 
+def _probe_bytes(model: Any, config: KVCacheConfig, lengths: tuple[int, int]) -> tuple[list[int], list[int]]:
+    """Each layer's bytes after prompts of the two lengths. A cache that never evicts holds the same
+    bytes after its first prompt and a continuation to the second length as after a fresh prompt
+    of that length (its stores grow by token count alone; tests/kv/test_footprint.py checks it),
+    so one cache runs both: a third less probing on a first start. An evicting cache compresses at
+    a prompt's end, so it gets a fresh prompt per length."""
+    if registry.get(config.method).evicts:
+        low, high = (_layer_bytes(model, make_caches(model, config), n) for n in lengths)
+        return low, high
+    caches = make_caches(model, config)
+    tokens = _prompt(model, lengths[1])
+    _run(model, caches, tokens[:, : lengths[0]])
+    low = [c.nbytes for c in caches]
+    _run(model, caches, tokens[:, lengths[0] :])
+    return low, [c.nbytes for c in caches]
+
+
 def _lines(low: list[int], high: list[int], lengths: tuple[int, int]) -> list[LayerLine]:
     a, b = lengths
     out = []
@@ -221,7 +239,7 @@ def measure(model: Any, config: KVCacheConfig) -> Footprint:
     if config.method == "fp16" and derived is not None:  # the method is the reference: nothing to probe
         method, lengths, probed = list(derived), PROBE_LENGTHS, False
     else:
-        low, high = (_layer_bytes(model, make_caches(model, config), n) for n in lengths)
+        low, high = _probe_bytes(model, config, lengths)
         method, probed = _lines(low, high, lengths), True
     limit = max_context(model)
     evicting = [b for b in budgets if b is not None and (limit is None or b < limit)]
