@@ -106,12 +106,18 @@ def measure_cold_start(
     with tempfile.TemporaryDirectory(prefix="veloxd-coldstart-") as scratch:
         for round_no in range(rounds):
             samples[MLX_LM]["start"].append(start_once(path, None, Path(scratch) / "unused")["seconds"])
+            print(f"  {MLX_LM}: {samples[MLX_LM]['start'][-1]:.2f} s", file=sys.stderr, flush=True)
             for method in methods:
                 state = Path(scratch) / f"{method}-{round_no}"  # empty: the first start measures
                 for phase in ("first", "second"):
                     result = start_once(path, method, state)
                     samples[method][phase].append(result["seconds"])
                     sources[method][phase].append(result["source"])
+                    print(
+                        f"  {method} {phase}: {result['seconds']:.2f} s ({result['source']})",
+                        file=sys.stderr,
+                        flush=True,
+                    )
             print(f"  round {round_no + 1}/{rounds} done", file=sys.stderr, flush=True)
     base = statistics.median(samples[MLX_LM]["start"])
     median = {arm: {ph: statistics.median(xs) for ph, xs in phases.items()} for arm, phases in samples.items()}

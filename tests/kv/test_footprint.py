@@ -98,11 +98,16 @@ def test_derived_totals_match_caches_filled_to_those_lengths(
         assert figure["bytes_per_token"]["method"] < figure["bytes_per_token"]["fp16"]
 
 
-@pytest.mark.parametrize("method", [m for m in registry.names() if m != "fp16" and not registry.get(m).evicts])
-def test_a_continued_probe_holds_what_fresh_prompts_hold(model, method: str) -> None:
-    """measure() runs one cache through both probe lengths when the method never evicts: exact only
-    if the bytes after a continuation equal those after a fresh prompt of that length."""
-    config = KVCacheConfig(method=method)
-    fresh = [filled_bytes(model, make_caches(model, config), n)[-1] for n in (256, 512)]
+CONTINUED = [pytest.param(m, {}, id=m) for m in registry.names() if m != "fp16"]  # default budgets: 1024
+CONTINUED += [pytest.param(m, fields, id=f"{m}-small") for m, fields in SMALL.items()]  # fresh prompts
+
+
+@pytest.mark.parametrize(("method", "fields"), CONTINUED)
+def test_the_probe_lengths_hold_what_fresh_prompts_hold(model, method: str, fields: dict[str, int]) -> None:
+    """measure() runs one cache through both probe lengths while no budget is within reach: exact
+    only if the bytes after a continuation equal those after a fresh prompt of that length."""
+    config = KVCacheConfig(method=method, **fields)
     footprint = measure(model, config)
-    assert [round(footprint.at(n)["method"]) for n in (256, 512)] == fresh
+    lengths = footprint.probe_lengths
+    fresh = [filled_bytes(model, make_caches(model, config), n)[-1] for n in lengths]
+    assert [round(footprint.at(n)["method"]) for n in lengths] == fresh

@@ -32,7 +32,6 @@ from typing import Any
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
-from veloxd.kv import registry
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.factory import make_caches, native_caches
 
@@ -165,15 +164,15 @@ def _layer_bytes(model: Any, caches: list[Any], n: int, generated: int = 0) -> l
 
 
 def _probe_bytes(model: Any, config: KVCacheConfig, lengths: tuple[int, int]) -> tuple[list[int], list[int]]:
-    """Each layer's bytes after prompts of the two lengths. A cache that never evicts holds the same
-    bytes after its first prompt and a continuation to the second length as after a fresh prompt
-    of that length (its stores grow by token count alone; tests/kv/test_footprint.py checks it),
-    so one cache runs both: a third less probing on a first start. An evicting cache compresses at
-    a prompt's end, so it gets a fresh prompt per length."""
-    if registry.get(config.method).evicts:
+    """Each layer's bytes after prompts of the two lengths. While no eviction budget is reached, a
+    cache holds the same bytes after its first prompt and a continuation to the second length as
+    after a fresh prompt of that length (its stores grow by token count alone, and eviction has
+    nothing to drop; tests/kv/test_footprint.py checks it for every method), so one cache runs
+    both: a third less probing on a first start. A budget within reach: a fresh prompt per length."""
+    caches = make_caches(model, config)
+    if any(getattr(c, "budget", None) is not None and c.budget <= lengths[1] for c in caches):
         low, high = (_layer_bytes(model, make_caches(model, config), n) for n in lengths)
         return low, high
-    caches = make_caches(model, config)
     tokens = _prompt(model, lengths[1])
     _run(model, caches, tokens[:, : lengths[0]])
     low = [c.nbytes for c in caches]
