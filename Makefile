@@ -14,7 +14,7 @@ BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
 # The dashboard's browser tests drive Debian's chromium through Playwright (no browser download).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test test-fast lint browser blas bench bench-quick bench-kv bench-retrieval train-retrieval eval-retrieval bench-daemon bench-limits bench-distributed bench-gateway schema clean
+.PHONY: run test test-fast lint browser blas bench bench-quick bench-kv bench-retrieval train-retrieval eval-retrieval bench-daemon bench-limits bench-distributed bench-gateway bench-coldstart schema clean
 
 $(STAMP): pyproject.toml testkit/pretrained.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -137,6 +137,12 @@ bench-distributed: $(STAMP)
 
 bench-gateway: $(STAMP)
 	$(PY) -m benchmarks.system.gateway
+
+# Spawn -> first answered chat completion: veloxd serve (fp16, kivi, snapkv, turboquant_mse; first
+# start with an empty state dir, second start reading its kept KV figure) vs mlx_lm.server,
+# interleaved rounds, medians and ratios (~3 min per round on 2 idle cores).
+bench-coldstart: $(STAMP)
+	$(BLAS_ENV) $(PY) -m benchmarks.system.coldstart
 
 clean:
 	rm -rf $(VENV) .cache .pytest_cache

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -15,6 +16,16 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     from testkit.tinymodel import write_tiny_model
 
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def kept_figures_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """Workers the tests start keep their KV memory figures here, not in the user's cache dir."""
+    from veloxd.protocol import STATE_DIR_ENV
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv(STATE_DIR_ENV, str(tmp_path_factory.mktemp("state")))
+        yield
 
 
 @pytest.fixture

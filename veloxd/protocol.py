@@ -6,12 +6,17 @@ The contract, in one place:
   or the path of a file holding it. The daemon never writes `--set` text; `--set FIELD=VALUE`
   is for people running a worker by hand.
 - **Environment.** The daemon adds `WORKER_ENV` to the entry's `env`: unbuffered output, so the
-  READY line is not held back in a pipe buffer.
+  READY line is not held back in a pipe buffer; and `STATE_DIR_ENV`, its state directory, where
+  the worker keeps measured memory figures for the next start.
 - **Lifeline.** fd N is the read end of a pipe whose only write end the daemon holds. EOF on it
   means the daemon died (even by SIGKILL): the worker exits 0 within `LIFELINE_GRACE_S`.
-- **READY line.** Once the model is loaded and its caches wired, and before serving, the worker
-  prints one stdout line `READY_PREFIX + json` (`ReadyPayload`). The daemon refuses a worker whose
-  READY line is malformed or whose `config` differs from the document it was given.
+- **READY line.** Once the model is loaded, its caches wired and its KV memory figure present, and
+  before serving, the worker prints one stdout line `READY_PREFIX + json` (`ReadyPayload`). The
+  figure (`kv_memory`) is labelled `source: "measured"` (probed by this start) or `"cached"`
+  (measured by an earlier start on the same model files, KV settings and code, read back from
+  the state directory): a worker never answers before its figure exists, so READY always
+  carries it. The daemon refuses a worker whose READY line is malformed or whose `config`
+  differs from the document it was given.
 - **Exit codes** (`ExitCode`): 0 a clean stop, 2 invalid input (retrying cannot help), 3 a failure
   worth a restart.
 """
@@ -29,6 +34,9 @@ KV_JSON_FLAG = "--kv-json"
 LIFELINE_FLAG = "--lifeline-fd"
 LIFELINE_GRACE_S = 1.0  # after EOF on the lifeline, the worker is gone within this
 WORKER_ENV = {"PYTHONUNBUFFERED": "1"}
+# The daemon's state directory, set in every worker's environment: the worker keeps its measured
+# KV memory figures there (veloxd.serve.figures); a worker started by hand uses the user cache dir.
+STATE_DIR_ENV = "VELOXD_STATE_DIR"
 
 
 class ExitCode(enum.IntEnum):

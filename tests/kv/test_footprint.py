@@ -73,7 +73,7 @@ def test_derived_totals_match_caches_filled_to_those_lengths(
     figure = footprint.to_dict()
     assert figure["max_context"] == model.args.max_position_embeddings
     assert set(figure["at"]) == {"4096", "32768", str(model.args.max_position_embeddings)}
-    assert "measured" in figure["source"] and "derived" in figure["source"]
+    assert figure["source"] == "measured" and "measured" in figure["how"] and "derived" in figure["how"]
     evicting = registry.get(method).evicts
     for n in LENGTHS:
         derived = footprint.at(n)
@@ -96,3 +96,18 @@ def test_derived_totals_match_caches_filled_to_those_lengths(
     else:
         assert figure["eviction_cap_tokens"] is None and figure["capped_bytes"] is None
         assert figure["bytes_per_token"]["method"] < figure["bytes_per_token"]["fp16"]
+
+
+CONTINUED = [pytest.param(m, {}, id=m) for m in registry.names() if m != "fp16"]  # default budgets: 1024
+CONTINUED += [pytest.param(m, fields, id=f"{m}-small") for m, fields in SMALL.items()]  # fresh prompts
+
+
+@pytest.mark.parametrize(("method", "fields"), CONTINUED)
+def test_the_probe_lengths_hold_what_fresh_prompts_hold(model, method: str, fields: dict[str, int]) -> None:
+    """measure() runs one cache through both probe lengths while no budget is within reach: exact
+    only if the bytes after a continuation equal those after a fresh prompt of that length."""
+    config = KVCacheConfig(method=method, **fields)
+    footprint = measure(model, config)
+    lengths = footprint.probe_lengths
+    fresh = [filled_bytes(model, make_caches(model, config), n)[-1] for n in lengths]
+    assert [round(footprint.at(n)["method"]) for n in lengths] == fresh

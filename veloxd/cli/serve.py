@@ -99,9 +99,14 @@ def run(args: argparse.Namespace) -> int:
         return protocol.ExitCode.PORT_IN_USE if isinstance(err, PortInUse) else protocol.ExitCode.INVALID
     for warning in options.warnings:
         print(f"veloxd serve: warning: {warning}", file=sys.stderr)
-    from veloxd.serve.worker import serve  # imports mlx: only after validation
+    if options.distributed is not None:  # imports mlx: only after validation
+        from veloxd.serve.distributed import serve_rank
 
-    code = serve(options, stopper)
+        code = serve_rank(options, stopper)
+    else:
+        from veloxd.serve.worker import serve
+
+        code = serve(options, stopper)
     # Leave without interpreter teardown: MLX's C++ stream threads abort ("terminate called
     # without an active exception") when static destructors run after a served request.
     sys.stdout.flush()

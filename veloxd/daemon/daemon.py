@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from veloxd import __version__
+from veloxd import __version__, protocol
 from veloxd.daemon import messages as m
 from veloxd.daemon.control import CONTROL_SOCKET_ENV, ControlServer, remove_private_dir
 from veloxd.daemon.logs import (
@@ -90,7 +90,10 @@ class Daemon:
             self.lifeline,
             self.inbox,
             get_logger("veloxd.server"),
-            env={CONTROL_SOCKET_ENV: str(self.control.path)},
+            env={
+                CONTROL_SOCKET_ENV: str(self.control.path),
+                protocol.STATE_DIR_ENV: str(Path(options.state_dir).resolve()),
+            },
             event_log=get_logger("veloxd.gateway"),
         )
         self.supervisor = Supervisor(spawner, get_logger("veloxd.server"))

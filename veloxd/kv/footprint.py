@@ -6,8 +6,12 @@ they stay at a capped figure. `measure` runs fresh caches of the served model th
 and reads every layer's `nbytes` once the prompt has ended (its last token runs as a one-token step,
 as in mlx_lm, so SnapKV has compressed and released its query stash):
 
-- the fp16 cache (mlx_lm's KVCache) always at 256 and 512 tokens: multiples of its 256-token
-  capacity step, so its line is exact at every multiple of the step whatever the method's budget;
+- the fp16 cache (mlx_lm's KVCache) is not probed: its bytes are exact arithmetic on the model's
+  key/value shapes (`fp16_lines`: read after one token step), per layer
+  (kv_heads_k * head_dim_k + kv_heads_v * head_dim_v) * dtype bytes * allocated slots, slots
+  growing in 256-token steps, so its line (no fixed bytes) is exact at every multiple of the step.
+  A model whose own caches are not all KVCache (sliding windows, state-space layers) is probed at
+  256 and 512 tokens instead, as the method is;
 - the method at 256 and 512 tokens too, or, when an eviction budget is smaller, at half the budget
   and the budget (below a small budget an eviction layer holds one capacity step, so its line
   there can be flat: it is then constant, which is what it holds);
@@ -26,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import mlx.core as mx
+from mlx_lm.models.cache import KVCache
 
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.factory import make_caches, native_caches
@@ -59,8 +64,9 @@ class Footprint:
     method: tuple[LayerLine, ...]
     fp16: tuple[LayerLine, ...]
     max_context: int | None
-    fp16_probe_lengths: tuple[int, int] = PROBE_LENGTHS
+    fp16_probe_lengths: tuple[int, int] | None = PROBE_LENGTHS  # None: derived from shapes (`fp16_lines`)
     cap_probe_tokens: int | None = None
+    method_probed: bool = True  # False: the method is fp16 and shares the derived reference
 
     def at(self, n: int) -> dict[str, Any]:
         method = round(sum(line.at(n) for line in self.method))
@@ -74,17 +80,22 @@ class Footprint:
             lengths.append(self.max_context)
         caps = sorted({line.cap for line in self.method if line.cap is not None})
         capped = [line.capped_bytes for line in self.method if line.capped_bytes is not None]
-        source = (
-            "fixed_bytes, bytes_per_token: measured (nbytes of every layer cache after probe prompts of "
-            f"{self.probe_lengths[0]} and {self.probe_lengths[1]} tokens, fp16 of "
-            f"{self.fp16_probe_lengths[0]} and {self.fp16_probe_lengths[1]})"
-        )
+        shapes = "derived from the model's key/value shapes and KVCache's 256-token allocation steps"
+        if not self.method_probed:
+            how = f"fixed_bytes, bytes_per_token: {shapes} (the method is fp16)"
+        else:
+            low, high = self.probe_lengths
+            fp16 = shapes if self.fp16_probe_lengths is None else "at {} and {} tokens".format(*self.fp16_probe_lengths)
+            how = (
+                "fixed_bytes, bytes_per_token: measured (nbytes of every layer cache after probe prompts of "
+                f"{low} and {high} tokens; fp16: {fp16})"
+            )
         if self.cap_probe_tokens is not None:
-            source += (
+            how += (
                 f"; capped_bytes: measured (evicting layers after a {self.cap_probe_tokens}-token prompt "
                 "and one generated token)"
             )
-        source += "; at: derived from them, evicting layers at their capped bytes from their budget on"
+        how += "; at: derived from them, evicting layers at their capped bytes from their budget on"
         return {
             "fixed_bytes": {
                 "method": round(sum(x.fixed for x in self.method)),
@@ -99,7 +110,8 @@ class Footprint:
             "max_context": self.max_context,
             "at": {str(n): self.at(n) for n in lengths},
             "probe_tokens": list(self.probe_lengths),
-            "source": source,
+            "source": "measured",  # by this process; "cached" when read back (veloxd.serve.figures)
+            "how": how,
         }
 
 
@@ -155,6 +167,23 @@ def _layer_bytes(model: Any, caches: list[Any], n: int, generated: int = 0) -> l
     return [c.nbytes for c in caches]
 
 
+def _probe_bytes(model: Any, config: KVCacheConfig, lengths: tuple[int, int]) -> tuple[list[int], list[int]]:
+    """Each layer's bytes after prompts of the two lengths. While no eviction budget is reached, a
+    cache holds the same bytes after its first prompt and a continuation to the second length as
+    after a fresh prompt of that length (its stores grow by token count alone, and eviction has
+    nothing to drop; tests/kv/test_footprint.py checks it for every method), so one cache runs
+    both: a third less probing on a first start. A budget within reach: a fresh prompt per length."""
+    caches = make_caches(model, config)
+    if any(getattr(c, "budget", None) is not None and c.budget <= lengths[1] for c in caches):
+        low, high = (_layer_bytes(model, make_caches(model, config), n) for n in lengths)
+        return low, high
+    tokens = _prompt(model, lengths[1])
+    _run(model, caches, tokens[:, : lengths[0]])
+    low = [c.nbytes for c in caches]
+    _run(model, caches, tokens[:, lengths[0] :])
+    return low, [c.nbytes for c in caches]
+
+
 def _lines(low: list[int], high: list[int], lengths: tuple[int, int]) -> list[LayerLine]:
     a, b = lengths
     out = []
@@ -173,15 +202,48 @@ def max_context(model: Any) -> int | None:
     return None
 
 
+def fp16_lines(model: Any) -> list[LayerLine] | None:
+    """Each layer's fp16 (KVCache) line from the model's key/value shapes, read after one token
+    step: per token (kv_heads * head_dim of keys + of values) * dtype bytes, no fixed bytes (it is
+    exact at every multiple of PROBE_STEP; `kvcache_bytes` gives the exact figure at any length).
+    None when the model's own caches are not all KVCache: their bytes follow other rules."""
+    caches = native_caches(model)
+    if not caches or any(type(c) is not KVCache for c in caches):
+        return None
+    model(_prompt(model, 1), cache=caches)
+    mx.eval([c.state for c in caches])
+    lines = []
+    for c in caches:
+        _, k_heads, _, k_dim = c.keys.shape  # [B, kv_heads, allocated, head_dim]
+        _, v_heads, _, v_dim = c.values.shape
+        per_token = k_heads * k_dim * c.keys.dtype.size + v_heads * v_dim * c.values.dtype.size
+        lines.append(LayerLine(fixed=0.0, per_token=float(per_token)))
+    return lines
+
+
+def kvcache_bytes(lines: list[LayerLine], n: int) -> int:
+    """What mlx_lm's KVCache holds after n tokens (one sequence): its slots grow in PROBE_STEP steps."""
+    allocated = -(-n // PROBE_STEP) * PROBE_STEP
+    return round(sum(line.per_token for line in lines) * allocated)
+
+
 def measure(model: Any, config: KVCacheConfig) -> Footprint:
-    """Probe `model` with `config`'s caches and with fp16 caches (see the module doc)."""
+    """Probe `model` with `config`'s caches; the fp16 reference from its shapes (see the module doc)."""
     probe = make_caches(model, config)
     lengths = probe_lengths(probe)
     budgets: list[int | None] = [getattr(c, "budget", None) for c in probe]
-    low, high = (_layer_bytes(model, make_caches(model, config), n) for n in lengths)
-    method = _lines(low, high, lengths)
-    low, high = (_layer_bytes(model, native_caches(model), n) for n in PROBE_LENGTHS)
-    fp16 = _lines(low, high, PROBE_LENGTHS)
+    derived = fp16_lines(model)
+    fp16_lengths: tuple[int, int] | None = None
+    if derived is None:
+        low, high = (_layer_bytes(model, native_caches(model), n) for n in PROBE_LENGTHS)
+        fp16, fp16_lengths = _lines(low, high, PROBE_LENGTHS), PROBE_LENGTHS
+    else:
+        fp16 = derived
+    if config.method == "fp16" and derived is not None:  # the method is the reference: nothing to probe
+        method, lengths, probed = list(derived), PROBE_LENGTHS, False
+    else:
+        low, high = _probe_bytes(model, config, lengths)
+        method, probed = _lines(low, high, lengths), True
     limit = max_context(model)
     evicting = [b for b in budgets if b is not None and (limit is None or b < limit)]
     cap_tokens = None
@@ -197,6 +259,7 @@ def measure(model: Any, config: KVCacheConfig) -> Footprint:
         method=tuple(method),
         fp16=tuple(fp16),
         max_context=limit,
-        fp16_probe_lengths=PROBE_LENGTHS,
+        fp16_probe_lengths=fp16_lengths,
         cap_probe_tokens=cap_tokens,
+        method_probed=probed,
     )

@@ -28,7 +28,7 @@ from veloxd.distributed.checks import PIPELINE_NEEDS_FP16
 from veloxd.kv.footprint import summary
 from veloxd.serve import preflight
 from veloxd.serve.doorbell import Doorbell, connect_group
-from veloxd.serve.lifeline import Stopper, watch_lifeline
+from veloxd.serve.lifeline import Stopper, start_watch
 from veloxd.serve.limits import EffectiveLimits
 from veloxd.serve.mlx_compat import (
     PinnedProvider,
@@ -165,7 +165,10 @@ def group_payload(
     return payload
 
 
-def serve_rank(options: ServeOptions) -> int:
+def serve_rank(options: ServeOptions, stopper: Stopper | None = None) -> int:
+    """One rank: load, wire, pool figures, READY from rank 0, serve. `stopper` is the one the
+    early lifeline watch (cli/serve.py) already holds: one watch per descriptor, one Stopper, so
+    the lifeline's EOF goes through the same graceful stop as a signal."""
     check_version()
     refused = preflight.refusal(options.model, options.kv)
     try:
@@ -185,7 +188,9 @@ def serve_rank(options: ServeOptions) -> int:
         return 2
     rank = group.rank()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
-    stopper = Stopper()
+    if stopper is None:  # called without the early watch (tests, by hand): watch the lifeline here
+        stopper = Stopper()
+        start_watch(options.lifeline_fd, stopper)
     model_id, names = model_names(options.model)
     started = time.monotonic()
 
@@ -205,8 +210,6 @@ def serve_rank(options: ServeOptions) -> int:
     )
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a remote rank's ssh went away
         signal.signal(signum, lambda *_: stopper.stop(0))
-    if options.lifeline_fd is not None:
-        threading.Thread(target=watch_lifeline, args=(options.lifeline_fd, stopper), daemon=True).start()
     if rank != 0:
         generator = start_generator(provider)
         threading.Thread(target=watch_generation, args=(generator, stopper), daemon=True).start()

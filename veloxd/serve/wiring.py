@@ -10,6 +10,7 @@ maximum context.
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,15 +27,22 @@ class Wiring:
     kv_bytes_per_token: dict[str, Any]  # its short form (the console, dashboard and metrics read it)
 
 
-def wire_caches(model: Any, config: KVCacheConfig) -> Wiring:
-    """Route attention (once), probe, measure, then make every request build a fresh cache list.
+def measured(model: Any, config: KVCacheConfig) -> dict[str, Any]:
+    return measure(model, config).to_dict()
+
+
+def wire_caches(
+    model: Any, config: KVCacheConfig, figure_of: Callable[[Any, KVCacheConfig], dict[str, Any]] = measured
+) -> Wiring:
+    """Route attention (once), probe, measure (`figure_of`: the worker reuses a kept figure,
+    veloxd.serve.figures), then make every request build a fresh cache list.
 
     Raises ValueError with the true reason if unservable. Routing is installed here, by the probe's
     make_caches; a request only builds caches (`per_request`) and reads no model source.
     """
     probe = make_caches(model, config)
     batchable = registry.get(config.method).batchable and all(hasattr(c, "merge") for c in probe)
-    figure = measure(model, config).to_dict()
+    figure = figure_of(model, config)
     counts = Counter(type(c).__name__ for c in probe)
     # Instance attribute: mlx_lm's make_prompt_cache calls it per request. It is marked as ours,
     # so the factory's lookup of the model's own make_cache skips it and never recurses.

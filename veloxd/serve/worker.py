@@ -22,7 +22,7 @@ from typing import Any
 
 from veloxd import protocol
 from veloxd.protocol import ExitCode
-from veloxd.serve import preflight
+from veloxd.serve import figures, preflight
 from veloxd.serve.lifeline import Stopper
 from veloxd.serve.limits import EffectiveLimits
 from veloxd.serve.mlx_compat import (
@@ -35,7 +35,7 @@ from veloxd.serve.mlx_compat import (
     server_args,
 )
 from veloxd.serve.options import ServeOptions
-from veloxd.serve.wiring import wire_caches
+from veloxd.serve.wiring import measured, wire_caches
 
 STOP_JOIN_S = 2.0  # after a stop, wait this long for the generation thread's current step, then leave
 
@@ -135,6 +135,13 @@ def mlx_server_args(options: ServeOptions, **extra: Any) -> argparse.Namespace:
     )
 
 
+def kept_figure(options: ServeOptions) -> figures.Measure:
+    """The KV memory figure of these model files and KV settings: read back from the state
+    directory when an earlier start measured it, else measured now and kept (veloxd.serve.figures)."""
+    key = figures.figure_key(options.model, options.kv.to_dict(), options.adapter_path)
+    return figures.reusing(figures.FigureStore(figures.state_dir()), key, measured)
+
+
 def bind_server(options: ServeOptions, provider: PinnedProvider, model_id: str, names: set[str]) -> ServerHandle | None:
     """The HTTP server on --host/--port; None (the reason printed) when the port cannot be bound."""
     try:
@@ -150,11 +157,8 @@ def bind_server(options: ServeOptions, provider: PinnedProvider, model_id: str, 
 
 
 def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
-    """Load, wire, READY, serve. `stopper` is the one the early lifeline watch already holds."""
-    if options.distributed is not None:
-        from veloxd.serve.distributed import serve_rank
-
-        return serve_rank(options)
+    """Load, wire, READY, serve. `stopper` is the one the early lifeline watch already holds.
+    (A distributed rank runs veloxd.serve.distributed.serve_rank instead: cli/serve.py picks.)"""
     check_version()
     refused = preflight.refusal(options.model, options.kv)
     if refused:
@@ -172,7 +176,7 @@ def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
 
     def on_loaded(model: Any, tokenizer: Any) -> bool:
         with stop_on_wiring_failure(stopper, model_id, options.kv.method):
-            wiring = wire_caches(model, options.kv)
+            wiring = wire_caches(model, options.kv, kept_figure(options))
         payload = ready_payload(
             options, model_id, wiring, provider.limits, time.monotonic() - started, memory_facts(model)
         )
