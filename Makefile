@@ -12,7 +12,7 @@ BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
 # The dashboard's browser tests drive Debian's chromium through Playwright (no browser download).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test test-fast lint browser bench bench-quick bench-kv bench-retrieval train-retrieval eval-retrieval bench-daemon bench-limits bench-distributed bench-gateway schema clean
+.PHONY: run test test-fast lint browser bench bench-quick bench-kv bench-speed bench-retrieval train-retrieval eval-retrieval bench-daemon bench-limits bench-distributed bench-gateway schema clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -71,6 +71,9 @@ bench-quick: $(BENCH_STAMP)
 
 bench-kv: $(BENCH_STAMP)
 	$(BLAS_ENV) $(PY) -m benchmarks.kv
+
+bench-speed:
+	$(BLAS_ENV) $(PY) -m benchmarks.speed --json
 
 # Pass-key accuracy per depth through every cache, on veloxd/assets/tiny-llama-retrieval (~20 min).
 bench-retrieval: $(BENCH_STAMP)
