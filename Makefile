@@ -14,7 +14,7 @@ BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
 # The dashboard's browser tests drive Debian's chromium through Playwright (no browser download).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test test-fast lint browser blas bench bench-quick bench-kv bench-retrieval train-retrieval eval-retrieval bench-daemon bench-limits bench-distributed bench-gateway bench-coldstart schema clean
+.PHONY: run test test-fast lint browser blas bench bench-quick bench-kv bench-speed bench-retrieval train-retrieval eval-retrieval bench-daemon bench-limits bench-distributed bench-gateway bench-coldstart schema clean
 
 $(STAMP): pyproject.toml testkit/pretrained.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -95,6 +95,9 @@ bench-quick: $(BENCH_STAMP)
 
 bench-kv: $(BENCH_STAMP)
 	$(BLAS_ENV) $(PY) -m benchmarks.kv.quality
+
+bench-speed:
+	$(BLAS_ENV) $(PY) -m benchmarks.kv.speed --json
 
 # Pass-key accuracy per depth through every cache, on veloxd/assets/tiny-llama-retrieval (~20 min).
 bench-retrieval: $(BENCH_STAMP)

@@ -9,8 +9,8 @@ above the memory held before the call, divided by the bytes of an fp16 cache hol
 tokens of the same layer (one KV head group, batch 1). Quantizing caches are filled without
 attention (their stored form does not depend on it); eviction caches attend while filling, since
 that is when they evict. `--time N` also times N more decode steps (median seconds per step; the
-cache grows by N tokens), and `--decode-block K` sets the key block of one-query steps
-(veloxd.kv.ops.blockwise.DECODE_BLOCK) for the run, to choose it by measurement. Run:
+cache grows by N tokens). A one-query step reads the whole cache in one pass
+(veloxd.kv.ops.blockwise). Run:
 
     python -m benchmarks.kv.peak [--context 4096] [--gqa 16] [--head-dim 128] [--time 32] [--json out.json]
 """
@@ -30,7 +30,6 @@ from mlx_lm.models.cache import KVCache
 from veloxd.kv import KVCacheConfig, registry
 from veloxd.kv.base import LayerSpec
 from veloxd.kv.factory import cache_class
-from veloxd.kv.ops import blockwise
 
 KV_HEADS = 2
 WARM = 7
@@ -132,7 +131,7 @@ def measure(method: str, context: int, gqa: int, d: int, chunk: int, steps: int 
         "decode_peak_bytes": decode,
         "prefill_peak_x_fp16": round(prefill / fp16_bytes, 3),
         "decode_peak_x_fp16": round(decode / fp16_bytes, 3),
-        "decode_block": blockwise.DECODE_BLOCK,
+        "decode_block": "one pass",
         "decode_step_s": step_s,
     }
 
@@ -145,14 +144,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunk", type=int, default=512, help="prefill block measured (new tokens)")
     parser.add_argument("--methods", default=",".join(registry.names()))
     parser.add_argument("--time", type=int, default=0, help="decode steps to time after the peaks")
-    parser.add_argument("--decode-block", type=int, default=blockwise.DECODE_BLOCK)
     parser.add_argument("--json", help="write the rows here")
     args = parser.parse_args(argv)
-    blockwise.DECODE_BLOCK = args.decode_block  # read at every call: this run's one-query key block
     rows = []
     print(
         f"{'method':<16} {'prefill x fp16':>14} {'decode x fp16':>14} {'step ms':>8}   (context {args.context}, "
-        f"GQA {args.gqa}, d {args.head_dim}, decode block {args.decode_block})"
+        f"GQA {args.gqa}, d {args.head_dim}, decode in one pass)"
     )
     for method in args.methods.split(","):
         row = measure(method, args.context, args.gqa, args.head_dim, args.chunk, args.time)

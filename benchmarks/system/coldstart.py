@@ -7,7 +7,7 @@ medians over rounds, and each median as a ratio of mlx_lm.server's. Targets (iss
 start <= 1.1x mlx_lm.server for every arm, first start <= 1.5x.
 
 `python -m benchmarks.system.coldstart [--rounds N] [--model DIR] [--methods fp16,kivi,...]`;
-`measure_cold_start(...)` returns the same figures as a dict (benchmarks/speed.py calls it).
+`measure_cold_start(...)` returns the same figures as a dict (for a speed report beside the decode figures of benchmarks/kv/speed.py).
 """
 
 from __future__ import annotations

@@ -13,10 +13,10 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
+from tests.kv.support import reference_attention
 from veloxd.kv.base import LayerSpec
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.factory import cache_class
-from veloxd.kv.ops.blockwise import dense_reference
 
 HEADS, Q_HEADS, DIM = 2, 4, 128
 SCALE = DIM**-0.5
@@ -49,7 +49,7 @@ def attention_error(config: KVCacheConfig, outlier_scale: float = 1.0, n: int = 
     q = queries(4, seed=2)
     cache = new_cache(config)
     cache.update_and_fetch(keys, values)
-    exact = dense_reference(q, keys, values, SCALE, None)
+    exact = reference_attention(q, keys, values, SCALE, None)
     return relative_error(cache.attend(q, SCALE, None), exact)
 
 
@@ -110,7 +110,7 @@ def stored_bits_per_element(config: KVCacheConfig, n: int = 512) -> tuple[float,
     codes = cache.state[1 : 1 + len(cache.codec.fields)]  # per-token arrays (the recent window is fixed bytes)
     held = sum(a.nbytes for a in codes) * 8
     elements = HEADS * n * (DIM + DIM)
-    return held / elements, cache.codec.bits_per_element
+    return held / elements, cache.codec.bits_per_token() / (cache.codec.k_dim + cache.codec.v_dim)
 
 
 def resident_bytes(config: KVCacheConfig, n: int = 1024) -> tuple[int, int]:

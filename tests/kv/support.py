@@ -15,6 +15,11 @@ from veloxd.kv import KVCacheConfig, make_caches, registry
 TEST_OVERRIDES: dict[str, dict[str, Any]] = {"kivi": {"kivi_group_size": 32, "kivi_residual_length": 32}}
 
 
+def reference_attention(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any) -> mx.array:
+    """Plain attention over dense keys/values [B, Hkv, S, D]: the exact reference."""
+    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)
+
+
 def quantization_methods() -> list[Any]:
     """One pytest param per quantization method of the registry (an import error fails, never skips)."""
     return [pytest.param(name, id=name) for name in registry.names() if registry.get(name).family == "quantization"]

@@ -1,11 +1,12 @@
-"""The transient memory of one attention call is bounded by a block, for every method.
+"""The transient memory of one attention call is bounded, for every method.
 
 MLX's peak-memory counter is reset around one `attend` of a prefill block and of a decode step,
 with the cache holding 16 key blocks (block = 64 keys, so the sizes stay small), at GQA ratios 1,
 2, 4, 7, 8 and 16 and head dimensions 64, 96 and 128 (80 for the eviction methods; the quantizers
 pack in 32-element groups and refuse it before load). The peak above what was held before the call must stay
-under `transient_bound` (veloxd.kv.ops.blockwise states it), which does not grow with the cache:
-dequantizing or decoding the whole cache at once (16 blocks) would exceed it.
+under `transient_bound` (veloxd.kv.ops.blockwise states it): for a prefill chunk it does not grow
+with the cache (dequantizing the whole cache, 16 blocks, would exceed it); for a decode step it is
+the scores (B * Hq * T floats) plus the step's I/O, under a float32 copy of the whole cache.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import pytest
 
 from veloxd.kv import KVCacheConfig, registry
 from veloxd.kv.base import LayerSpec
+from veloxd.kv.config import WINDOWED
 from veloxd.kv.factory import cache_class
 from veloxd.kv.ops.blockwise import transient_bound
 
@@ -56,6 +58,16 @@ def filled(method: str, d: int, tokens: int) -> Any:
     return cache
 
 
+def exact_tokens(cache: Any) -> int:
+    """Full-precision tokens the method keeps beside its codes (set by its configuration)."""
+    config = cache.config
+    if config.method == "kivi":
+        return config.kivi_residual_length + 2 * config.kivi_group_size  # residual plus groups to flush
+    if config.method in WINDOWED:
+        return config.recent_window + 1  # the window plus the step's own token
+    return 0
+
+
 def attend_peak(cache: Any, queries: mx.array, keys: mx.array, values: mx.array) -> int:
     """Peak bytes above the memory held before one attention call (the append is done first)."""
     cache.update_and_fetch(keys, values)
@@ -76,8 +88,12 @@ def test_prefill_block_and_decode_step_stay_under_the_stated_bound(method: str, 
     decode = attend_peak(cache, *tensors(n_q, 1, d, seed=2))
     whole_cache_fp16 = CONTEXT * N_KV * 2 * d * 2
     prefill_bound = transient_bound(1, n_q, N_KV, CHUNK, d, d, BLOCK)
-    decode_bound = transient_bound(1, n_q, N_KV, 1, d, d, BLOCK)
-    # the bound means something: one float32 copy of the whole cache would not fit under it
-    assert decode_bound < 2 * whole_cache_fp16
+    decode_block = getattr(getattr(cache, "codec", None), "decode_block", None)  # Lloyd-Max: blocks
+    decode_block = None if decode_block is None else min(decode_block, BLOCK)
+    decode_bound = transient_bound(
+        1, n_q, N_KV, 1, d, d, BLOCK, length=cache.size(), decode_block=decode_block, exact=exact_tokens(cache)
+    )
     assert 0 < prefill <= prefill_bound, f"prefill peak {prefill} > bound {prefill_bound}"
     assert 0 < decode <= decode_bound, f"decode peak {decode} > bound {decode_bound}"
+    # no decoded copy of the whole cache, not even transiently: under one float32 copy of it
+    assert decode < whole_cache_fp16 * 2, f"decode peak {decode} >= a float32 copy {whole_cache_fp16 * 2}"

@@ -9,13 +9,13 @@ import copy
 import mlx.core as mx
 import pytest
 
-from tests.kv.support import held_arrays
+from tests.kv.support import held_arrays, reference_attention
 from veloxd.kv import KVCacheConfig, registry
 from veloxd.kv.base import LayerSpec
 from veloxd.kv.evict.attention import visible
 from veloxd.kv.evict.packed import KEY_FIELDS, VALUE_FIELDS
 from veloxd.kv.factory import cache_class
-from veloxd.kv.ops.blockwise import dense_reference, query_block
+from veloxd.kv.ops.blockwise import query_block
 from veloxd.kv.preflight import check
 
 HYBRIDS = [h.name for h in registry.HYBRIDS]
@@ -71,13 +71,13 @@ def check_steps(method: str, gqa: int, d: int, rotate: bool = False) -> None:
     seen = visible(
         pos[None, None], pos[None], cache.window_rule()
     )  # [1, 1, 70, 70]: causal (streaming: sinks + window)
-    expected = dense_reference(rotated[:, :, :70], k_ref, v_ref, scale, seen)
+    expected = reference_attention(rotated[:, :, :70], k_ref, v_ref, scale, seen)
     assert rel(cache.attend(queries[:, :, :70], scale, "causal"), expected) < 1e-4
     for i in range(70, 82):
         cache.update_and_fetch(keys[:, :, i : i + 1], values[:, :, i : i + 1])
         n = cache.counts[0]  # one row: its retained tokens fill the first `count` slots at decode
         k_ref, v_ref = dequantized_slots(cache, n)
-        expected = dense_reference(rotated[:, :, i : i + 1], k_ref, v_ref, scale, None)
+        expected = reference_attention(rotated[:, :, i : i + 1], k_ref, v_ref, scale, None)
         assert rel(cache.attend(queries[:, :, i : i + 1], scale, None), expected) < 1e-4, i
     assert cache.evicted[0] and cache.size() <= cache.capacity_limit()
     assert not {"keys", "values"} & set(cache.slots), "an fp16 copy of the retained tokens is held"
@@ -147,7 +147,7 @@ def test_rotation_tames_outlier_key_channels() -> None:
     from tests.kv.support import data
 
     q, k, v = data(200, outliers=True)  # queries [1, 4, 200, 128], keys/values [1, 2, 200, 128]
-    exact = dense_reference(q, k, v, 128**-0.5, "causal")
+    exact = reference_attention(q, k, v, 128**-0.5, "causal")
     errors = {}
     for rotate in (False, True):
         cfg = KVCacheConfig(method="snapkv_affine", bits=4, affine_rotate=rotate, snapkv_budget=4096)

@@ -6,10 +6,9 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache, load_prompt_cache, save_prompt_cache
 
-from tests.kv.support import DIM, HEADS, OUTLIER_CHANNELS, SCALE, data, held_arrays, rel
+from tests.kv.support import DIM, HEADS, OUTLIER_CHANNELS, SCALE, data, held_arrays, reference_attention, rel
 from veloxd.kv.base import LayerSpec
 from veloxd.kv.config import KVCacheConfig
-from veloxd.kv.ops.blockwise import dense_reference
 from veloxd.kv.quant.affine import AffineCache, quantize_fp16
 from veloxd.kv.quant.kivi import KIVICache
 
@@ -24,7 +23,7 @@ def decode_error(cache, q, k, v, last: int = 64) -> float:
     cache.update_and_fetch(k, v)
     cache.attend(q[:, :, -1:], SCALE, None)  # the chunk attended itself exactly; now it is packed
     out = cache.attend(q[:, :, -last:], SCALE, "causal")
-    return rel(out, dense_reference(q[:, :, -last:], k, v, SCALE, "causal"))
+    return rel(out, reference_attention(q[:, :, -last:], k, v, SCALE, "causal"))
 
 
 @pytest.mark.parametrize("group, window", [(32, 0), (32, 64), (64, 128), (128, 128)])

@@ -63,7 +63,6 @@ def test_bitpack_round_trip_takes_exactly_b_bits(bits):
     packed = bitpack.pack(codes, bits)
     assert packed.dtype == mx.uint32 and packed.shape == (3, 5, 96 * bits // 32)
     assert mx.array_equal(bitpack.unpack(packed, bits, 96), codes).item()
-    assert mx.array_equal(bitpack.unpack_float(packed, bits, 96).astype(mx.uint32), codes).item()
 
 
 def test_bitpack_refuses_rows_that_do_not_fill_words():
@@ -125,7 +124,7 @@ def test_outlier_channels_add_a_bit_and_lower_the_error():
     plain = KVCacheConfig("turboquant_mse", bits=3)
     split = KVCacheConfig("turboquant_mse", bits=3, turboquant_outlier_channels=64)
     codec = TurboQuantMSECodec(split, LayerSpec(0, 1), 128, 128)
-    assert codec.bits_per_element == pytest.approx(3 + 64 / 128 + 16 / 128)  # 3.625
+    assert codec.bits_per_token() / (codec.k_dim + codec.v_dim) == pytest.approx(3 + 64 / 128 + 16 / 128)  # 3.625
     assert kc.attention_error(split) < kc.attention_error(plain)
     with pytest.raises(ValueError, match="multiple of 32"):
         KVCacheConfig("turboquant_mse", bits=3, turboquant_outlier_channels=40)

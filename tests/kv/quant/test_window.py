@@ -10,8 +10,8 @@ import mlx.core as mx
 import pytest
 
 from tests.kv import contract as kc
+from tests.kv.support import reference_attention
 from veloxd.kv.config import WINDOWED, KVCacheConfig, KVConfigError
-from veloxd.kv.ops.blockwise import dense_reference
 
 SETTINGS = {"affine": {"affine_rotate": True}}  # the rotated frame must meet the window's keys too
 
@@ -22,7 +22,7 @@ def config(method: str, window: int, **fields) -> KVCacheConfig:
 
 def causal_out(cache, q: mx.array, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
     """(cache output, dense output) of the last q.shape[2] positions under a causal mask."""
-    return cache.attend(q, kc.SCALE, "causal"), dense_reference(q, keys, values, kc.SCALE, "causal")
+    return cache.attend(q, kc.SCALE, "causal"), reference_attention(q, keys, values, kc.SCALE, "causal")
 
 
 @pytest.mark.parametrize("method", WINDOWED)
@@ -35,7 +35,7 @@ def test_a_window_covering_every_token_is_exact_attention(method):
     assert mx.allclose(out, exact, atol=1e-5).item(), float(mx.abs(out - exact).max())
     cache.update_and_fetch(keys[:, :, 39:], values[:, :, 39:])
     q = kc.queries(1, seed=3)
-    assert mx.allclose(cache.attend(q, kc.SCALE, None), dense_reference(q, keys, values, kc.SCALE, None), atol=1e-5)
+    assert mx.allclose(cache.attend(q, kc.SCALE, None), reference_attention(q, keys, values, kc.SCALE, None), atol=1e-5)
 
 
 @pytest.mark.parametrize("method", WINDOWED)

@@ -59,11 +59,12 @@ class AffineKeys:
         return B, n_kv_heads, self.length
 
     def scores(self, q: mx.array, start: int, stop: int) -> mx.array:
-        block = {n: a[:, :, start:stop] for n, a in self.arrays.items()}  # [B, Hkv, n, ...]
+        whole = start == 0 and stop == self.length  # one pass: whole buffers (see AffineValues)
+        block = self.arrays if whole else {n: a[:, :, start:stop] for n, a in self.arrays.items()}  # [B, Hkv, n, ...]
         # Rotated keys (affine_rotate) need rotated queries. Rotating here, per key block, covers every
         # query a policy scores with (the step's, SnapKV's stash, TOVA's last) at ~log2(D)/block of
         # the block's matmul, instead of a rotation at each call site.
-        return self.codec.scores(self.codec.rotate_queries(q), block)  # [B, Hkv, R, Lq, n]
+        return self.codec.scores(self.codec.rotate_queries(q), block)[..., : stop - start]  # [B, Hkv, R, Lq, n]
 
 
 @dataclass(frozen=True)
@@ -72,8 +73,15 @@ class AffineValues:
 
     codec: AffineCodec
     arrays: dict[str, mx.array]  # VALUE_FIELDS -> [B, Hkv, C, ...]
+    length: int
 
     def weighted(self, p: mx.array, start: int, stop: int) -> mx.array:
+        if start == 0 and stop == self.length:
+            # One pass over every slot reads the whole buffers: quantized_matmul copies a sliced
+            # packed array; the spare slots get zero weight.
+            spare = self.arrays["v_codes"].shape[2] - stop
+            weights = p if spare == 0 else mx.pad(p, [(0, 0)] * (p.ndim - 1) + [(0, spare)])  # [.., C]
+            return self.codec.weighted_values(weights, self.arrays)
         block = {n: a[:, :, start:stop] for n, a in self.arrays.items()}  # [B, Hkv, n, ...]
         return self.codec.weighted_values(p, block)  # [B, Hkv, R, Lq, Dv]
 
@@ -119,4 +127,4 @@ class AffineSlots(EvictionCache):
         codec = self._call or self.codec()
         length = self.width if n is None else n
         keys = AffineKeys(codec, {f: self.slots[f] for f in KEY_FIELDS}, length)
-        return keys, AffineValues(codec, {f: self.slots[f] for f in VALUE_FIELDS})
+        return keys, AffineValues(codec, {f: self.slots[f] for f in VALUE_FIELDS}, length)

@@ -44,17 +44,6 @@ def unpack(words: mx.array, bits: int, n: int) -> mx.array:
     return (planes << mx.arange(bits, dtype=mx.uint32)).sum(axis=-1).astype(mx.uint32)  # [..., n]
 
 
-def unpack_float(words: mx.array, bits: int, n: int, dtype: mx.Dtype = mx.float32) -> mx.array:
-    """Codes as floats [..., n] through MLX's native dequantize kernel (much faster than `unpack`)."""
-    packed_width(n, bits)
-    group = native_group(n)
-    ones = mx.ones((1,), dtype=dtype)
-    shape = (*words.shape[:-1], n // group)
-    return mx.dequantize(
-        words, mx.broadcast_to(ones, shape), mx.broadcast_to(ones * 0, shape), group_size=group, bits=bits
-    )
-
-
 def native_group(n: int) -> int:
     """Largest MLX group size (128, 64 or 32) dividing n."""
     for group in (128, 64, 32):

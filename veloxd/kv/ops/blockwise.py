@@ -1,28 +1,36 @@
-"""Attention over a stored form in blocks, with an online softmax (FlashAttention-style).
+"""Attention over a stored form: a decode step in one pass, a prefill chunk in blocks (online softmax).
 
-Every veloxd cache attends through `blockwise_attention`, at every step, prefill and decode:
-keys are read `block` at a time (the cache decodes or dequantizes only that block), and queries
-`query_block(...)` rows at a time, with the partial results evaluated after each key block so
-that only one block is alive.
+Every veloxd cache attends through `blockwise_attention`.
+
+A decode step (one query per row) reads the whole stored form in ONE pass with a constant number
+of MLX operations, whatever the context length: the codec's score and value functions are called
+once over all stored tokens and read the packed form directly (quantized_matmul against codes,
+scales and biases; a plain matmul against fp16 slots), and nothing is evaluated inside the call,
+so mlx_lm's lazy graph of the whole step stays one graph. No block loop is needed: the one thing
+that grows with the context is the scores, B * Hq * 1 * T floats, the same as any attention holds.
+
+A prefill chunk (L > 1 queries) reads keys `block` at a time and queries `query_block(...)` rows
+at a time, evaluating the partial results after each key block, so that only one block's scores
+and one block's decoded keys are alive.
 
 The bound (stated once, checked by tests/kv/test_peak_memory.py): one call holds at most
 
-    transient <= PEAK_FACTOR * (score block + key/value block) + 4 * io
+    prefill: transient <= PEAK_FACTOR * (score block + key/value block) + 4 * io
+    decode:  transient <= PEAK_FACTOR * (scores + metadata + exact tokens) + 4 * io
 
 where score block = B * Hq * Lq * block * 4 bytes (float32 scores, Lq = the query block,
 Lq * Hq * block <= SCORE_ELEMENTS), key/value block = B * Hkv * block * (D + Dv) * 4 bytes (one
-block decoded to float32, the most any method expands it), and io = B * Hq * L * (D + Dv) * 4
-(the queries, the output and its accumulators, which scale with the step, not the cache). The
-bound does not grow with the cache length. `transient_bound` computes it.
-
-A decode step (one query) reads DECODE_BLOCK = 32 keys per block (`key_block`; KIVI rounds it up
-to its key group), a prefill chunk DEFAULT_BLOCK = 1024. Chosen by measurement (benchmarks/kv_peak.py,
-one layer at 4k context, GQA 16, d 128, CPU with OpenBLAS; docs/results.md): with 32-key blocks
-a decode step's transient is at or under the fp16 cache's own decode peak (0.067x its layer cache)
-for affine, KIVI, QJL and the eviction methods (TurboQuant keeps a floor near 0.08x that smaller
-blocks do not lower), where 1024-key blocks held 1.2-2.1x; a step costs 0.7-2.7x the time of
-1024-key blocks (QJL up to 4.8x; a loaded shared CPU, so ranges), the per-block evaluation being
-the price.
+block decoded to float32, the most any method expands it), io = B * Hq * L * (D + Dv) * 4 (the
+queries, the output and its accumulators). For a decode step, scores = B * Hq * T * 4 (T stored
+tokens); metadata = B * Hkv * T * META_FLOATS * 4, the per-token metadata read as floats (norms,
+gains, scales and biases broadcast from constants: at most META_FLOATS per token and KV head,
+where a dequantized copy would hold D + Dv); exact tokens = B * Hkv * E * (D + Dv) * 4, the
+full-precision tokens a method keeps beside its codes (KIVI's residual, the recent window: E is
+set by the configuration, not by the context). The prefill bound does not grow with the cache; the
+decode bound grows with it by the scores and the metadata only, never by a decoded copy of the
+keys or values. `transient_bound` computes both. A codec that must decode before multiplying
+(Lloyd-Max TurboQuant) reads a decode step in blocks of its `decode_block` keys instead, bounded
+as a prefill chunk is.
 """
 
 from __future__ import annotations
@@ -47,10 +55,10 @@ class Overlay(Protocol):
     def split(self, p: mx.array, qs: int, qe: int, start: int, stop: int) -> tuple[mx.array, mx.array | None]: ...
 
 
-DEFAULT_BLOCK = 1024  # keys per block
-DECODE_BLOCK = 32  # keys per block of a one-query step (chosen by measurement: see the module doc)
+DEFAULT_BLOCK = 1024  # keys per block of a prefill chunk
 SCORE_ELEMENTS = 1 << 21  # float32 scores alive per block (8 MiB): bounds the query block
 PEAK_FACTOR = 6  # scores, their exp, a mask and casts: the temporaries one block step holds
+META_FLOATS = 16  # per-token metadata floats a decode step may hold per KV head (see the module doc)
 
 
 def group_queries(queries: mx.array, n_kv_heads: int) -> mx.array:
@@ -76,14 +84,14 @@ def per_kv_head(x: mx.array, matmul: Callable[[mx.array], mx.array]) -> mx.array
     return out.reshape(B, H, R, L, out.shape[-1])
 
 
-def key_block(L: int, block: int = DEFAULT_BLOCK, align: int = 1) -> int:
-    """Keys per block for a step of L queries: a decode step (L == 1) reads DECODE_BLOCK keys at a
-    time (see the module doc), rounded down to a multiple of `align` and at least `align` (KIVI
-    quantizes keys in token groups and can only cut a block at a group boundary)."""
+def key_block(L: int, length: int, block: int = DEFAULT_BLOCK, decode_block: int | None = None) -> int:
+    """Keys per block for a step of L queries over `length` stored keys: a decode step (L == 1)
+    reads them all in one pass (see the module doc) unless its codec asks for `decode_block`
+    keys at a time (Lloyd-Max codes, which must be decoded before a matmul); a prefill chunk
+    `block` at a time."""
     if L != 1:
         return block
-    small = min(block, DECODE_BLOCK)
-    return max(align, small - small % align)
+    return max(1, length) if decode_block is None else decode_block
 
 
 def query_block(batch: int, n_q_heads: int, L: int, block: int = DEFAULT_BLOCK) -> int:
@@ -99,14 +107,23 @@ def transient_bound(
     d: int,
     dv: int,
     block: int = DEFAULT_BLOCK,
-    align: int = 1,
+    length: int = 0,
+    decode_block: int | None = None,
+    exact: int = 0,
 ) -> int:
-    """Bytes one attention call may hold beyond what the cache stores (see the module doc)."""
-    block = key_block(L, block, align)
+    """Bytes one attention call of L queries over `length` stored keys may hold beyond what the
+    cache stores (see the module doc; a decode step read in `decode_block` blocks is bounded as
+    a prefill chunk's blocks are). `exact`: full-precision tokens the method keeps beside codes."""
+    io = batch * n_q_heads * L * (d + dv) * 4
+    if L == 1 and decode_block is None:
+        scores = batch * n_q_heads * max(1, length) * 4
+        metadata = batch * n_kv_heads * max(1, length) * META_FLOATS * 4
+        exact_tokens = batch * n_kv_heads * exact * (d + dv) * 4
+        return PEAK_FACTOR * (scores + metadata + exact_tokens) + 4 * io
+    block = key_block(L, length, block, decode_block)
     rows = query_block(batch, n_q_heads, L, block)
     scores = batch * n_q_heads * rows * block * 4
     kv_block = batch * n_kv_heads * block * (d + dv) * 4
-    io = batch * n_q_heads * L * (d + dv) * 4
     return PEAK_FACTOR * (scores + kv_block) + 4 * io
 
 
@@ -157,8 +174,8 @@ def blockwise_attention(
     mask: Any = None,
     block: int = DEFAULT_BLOCK,
     collect: CollectFn | None = None,
-    align: int = 1,
     overlay: Overlay | None = None,
+    decode_block: int | None = None,
 ) -> mx.array | None:
     """Softmax attention of `queries` [B, Hq, L, D] over `length` stored keys, block by block.
 
@@ -167,13 +184,14 @@ def blockwise_attention(
     is p @ values[start:stop]. `mask` is None, "causal" (queries are the last L positions), an
     array [.., L, length] (bool, or additive) or a MaskFn. `collect(probs, qs, qe, start, stop)`,
     when given, receives the normalized weights [B, Hkv, R, Lq, n] (float32) of every block in a
-    second pass (eviction policies score tokens with them). `align`: block starts are multiples of
-    it (a decode step's smaller block included). `overlay` replaces some scores and weights of a
-    block by exact ones (veloxd.kv.quant.window: the recent window). Returns [B, Hq, L, Dv] in the
+    second pass (eviction policies score tokens with them); in a decode step it is called once with
+    the scores of the single pass. `overlay` replaces some scores and weights of a
+    block by exact ones (veloxd.kv.quant.window: the recent window). `decode_block`: see
+    `key_block`. Returns [B, Hq, L, Dv] in the
     queries' dtype, or None when value_fn is None (weights only).
     """
     B, n_q, L, _ = queries.shape
-    block = key_block(L, block, align)
+    block = key_block(L, length, block, decode_block)
     q_all = group_queries(queries * scale, n_kv_heads)  # [B, Hkv, R, L, D]
     mask_fn = as_mask_fn(mask, L, length)
     rows = query_block(B, n_q, L, block)
@@ -219,15 +237,19 @@ def blockwise_attention(
                     assert acc is not None  # value_fn gave the first block's part too
                     acc = acc * correction + part
             running_max = new_max
-            mx.eval(*(a for a in (running_max, denom, acc) if a is not None))  # one block alive at a time
+            if len(spans) > 1:  # prefill: one block alive at a time; decode: one lazy pass
+                mx.eval(*(a for a in (running_max, denom, acc) if a is not None))
         if collect is not None and spans:
             assert running_max is not None and denom is not None  # spans is not empty: the loop set them
             safe_max = mx.where(mx.isinf(running_max), 0.0, running_max)
             inv = 1.0 / mx.maximum(denom, 1e-30)
-            for start, stop in spans:
-                s, keep = scores_of(start, stop)
-                probs = mx.exp(s - safe_max) * inv
-                collect(probs if keep is None else mx.where(keep, probs, 0.0), qs, qe, start, stop)
+            if len(spans) == 1:  # one pass: its weights are final (masked keys have exp(-inf) = 0)
+                collect(p * inv, qs, qe, *spans[0])
+            else:
+                for start, stop in spans:
+                    s, keep = scores_of(start, stop)
+                    probs = mx.exp(s - safe_max) * inv
+                    collect(probs if keep is None else mx.where(keep, probs, 0.0), qs, qe, start, stop)
         if value_fn is not None:
             if acc is None or denom is None:  # nothing stored (no span): attention over no key is zero
                 raise ValueError("attention over an empty cache")
@@ -237,8 +259,3 @@ def blockwise_attention(
     if value_fn is None:
         return None
     return outs[0] if len(outs) == 1 else mx.concatenate(outs, axis=2)
-
-
-def dense_reference(queries: mx.array, keys: mx.array, values: mx.array, scale: float, mask: Any) -> mx.array:
-    """Plain attention over dense keys/values [B, Hkv, S, D], for tests and fp reference paths."""
-    return mx.fast.scaled_dot_product_attention(queries, keys, values, scale=scale, mask=mask)

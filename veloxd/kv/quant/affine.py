@@ -26,19 +26,22 @@ from veloxd.kv.quant.tokenbatch import TokenQuantBatchCache
 from veloxd.kv.quant.tokencache import TokenCodec, TokenQuantCache
 
 METADATA_BITS = 32  # one fp16 scale + one fp16 bias per group
-# Query rows per KV head from which a key block is dequantized and multiplied densely: a GEMM
-# through quantized_matmul is ~20x slower on CPU than dequantize + matmul (prefill), while for
-# decode quantized_matmul reads the packed form directly. The dense copy is one block's worth.
-# The choice is made once per attention call from R * L (rows of the whole call), never per query
-# block: blockwise_attention sizes query blocks from the local number of query heads, so a
-# per-block choice would send the same query row down different arithmetic in one process and in
-# a tensor-parallel rank holding a share of the heads (tests/distributed/test_head_split.py).
+# Query rows per KV head from which a prefill key block is dequantized and multiplied densely: a
+# GEMM through quantized_matmul is ~20x slower on CPU than dequantize + matmul, and the dense copy
+# is one block's worth. A decode step (L == 1) always reads the packed form (quantized_matmul): it
+# reads the whole cache in one pass (veloxd.kv.ops.blockwise), where a dense copy would be the
+# whole cache. The choice is made once per attention call from R * L (rows of the whole call),
+# never per query block: blockwise_attention sizes query blocks from the local number of query
+# heads, so a per-block choice would send the same query row down different arithmetic in one
+# process and in a tensor-parallel rank holding a share of the heads (tests/distributed/test_head_split.py).
 DENSE_ROWS = 16
 
 
 def reads_dense(queries: mx.array, n_kv_heads: int) -> bool:
-    """Whether an attention call of queries [B, Hq, L, D] multiplies key blocks densely (R * L rows)."""
-    return queries.shape[1] // n_kv_heads * queries.shape[2] >= DENSE_ROWS
+    """Whether an attention call of queries [B, Hq, L, D] multiplies key blocks densely: a prefill
+    chunk (L > 1) of R * L >= DENSE_ROWS rows; never a decode step."""
+    L = queries.shape[2]
+    return L > 1 and queries.shape[1] // n_kv_heads * L >= DENSE_ROWS
 
 
 def quantize_fp16(x: mx.array, group_size: int, bits: int) -> tuple[mx.array, mx.array, mx.array]:

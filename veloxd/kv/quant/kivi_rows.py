@@ -175,6 +175,9 @@ class KIVIRows:
         """
         L = queries.shape[2]
         dense = reads_dense(queries, self.heads)  # once per call, not per query block (see affine)
+        # A pass over every quantized token reads the whole packed buffers: quantized_matmul copies
+        # a sliced packed array. The spare capacity past q_used holds zeros or finite stale codes:
+        # their scores are cut off and their weights are zero.
         q_used = max(self.quantized)  # a multiple of G
         live = max(self.residual)
         r_start = self.res_end - live
@@ -198,7 +201,10 @@ class KIVIRows:
 
         def score_fn(q: mx.array, start: int, stop: int) -> mx.array:
             parts = []
-            if start < q_used:
+            if start == 0 and stop >= q_used > 0:  # every quantized token: the whole buffers (see below)
+                scores = packed_matmul(q, self.packed()[0], False, self.group, self.n_bits, dense)
+                parts.append(scores[..., :q_used])  # [B, Hkv, R, L, q_used]
+            elif start < q_used:
                 cols = slice(self.code_cols(start), self.code_cols(min(stop, q_used)))
                 groups = slice(start // self.group, min(stop, q_used) // self.group)
                 codes, scales, biases = self.packed()[0]
@@ -213,7 +219,11 @@ class KIVIRows:
         def value_fn(p: mx.array, start: int, stop: int) -> mx.array:
             out = None
             split = max(0, min(stop, q_used) - start)
-            if split:
+            if start == 0 and split == q_used > 0:  # every quantized token: the whole buffers
+                spare = self.q_capacity() - q_used
+                weights = mx.pad(p[..., :split], [(0, 0)] * (p.ndim - 1) + [(0, spare)])  # [.., Qcap]
+                out = packed_matmul(weights, self.packed()[1], False, self.group, self.n_bits, dense)
+            elif split:
                 values = tuple(a[:, :, start : start + split] for a in self.packed()[1])  # [B, H, n_q, ..]
                 out = packed_matmul(p[..., :split], values, False, self.group, self.n_bits, dense)  # [B, Hkv, R, L, Dv]
             if stop > q_used:
@@ -225,10 +235,7 @@ class KIVIRows:
             return out
 
         visible = keep if own_mask else mask
-        # align: a (decode) key block may cut the quantized tokens only at a group boundary
-        out = blockwise_attention(
-            queries, scale, self.heads, length, score_fn, value_fn, visible, block, align=self.group
-        )
+        out = blockwise_attention(queries, scale, self.heads, length, score_fn, value_fn, visible, block)
         assert out is not None  # value_fn was given
         return out
 

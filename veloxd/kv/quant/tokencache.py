@@ -57,6 +57,8 @@ class TokenCodec:
     """How one layer's keys and values become per-token codes, and attention reads them back."""
 
     fields: tuple[str, ...] = ()
+    # Keys per block of a decode step; None: the whole store in one pass (veloxd.kv.ops.blockwise).
+    decode_block: int | None = None
 
     def __init__(self, config: KVCacheConfig, layer: LayerSpec, k_dim: int, v_dim: int) -> None:
         self.config = config
@@ -95,11 +97,6 @@ class TokenCodec:
     def bits_per_token(self) -> float:
         raise NotImplementedError
 
-    @property
-    def bits_per_element(self) -> float:
-        """Analytic stored bits per key/value element (metadata included)."""
-        return self.bits_per_token() / (self.k_dim + self.v_dim)
-
     def constants(self) -> list[mx.array]:
         return []
 
@@ -119,19 +116,41 @@ def attend_store(
     n_kv_heads = next(iter(store.values())).shape[1]
     codec = codec.for_call(queries, n_kv_heads)
 
+    spare = packing.capacity(store) - length
+
+    # One pass over every stored token (a decode step, or a chunk within one block) reads the
+    # whole buffers: quantized_matmul copies a sliced packed array, and the spare slots past
+    # `length` (zeros, or finite trimmed codes) only cost their scores, which are cut off, and
+    # weights padded with zeros.
+    def scores(q: mx.array, start: int, stop: int) -> mx.array:
+        if start == 0 and stop == length:
+            return codec.scores(q, store)[..., :length]  # [B, Hkv, R, L, length]
+        return codec.scores(q, packing.view(store, start, stop))
+
+    def values(p: mx.array, start: int, stop: int) -> mx.array:
+        if start == 0 and stop == length:
+            return codec.weighted_values(pad_last(p, spare), store)  # p [B, Hkv, R, L, capacity]
+        return codec.weighted_values(p, packing.view(store, start, stop))
+
     out = blockwise_attention(
         codec.rotate_queries(queries),
         scale,
         n_kv_heads,
         length,
-        lambda q, start, stop: codec.scores(q, packing.view(store, start, stop)),
-        lambda p, start, stop: codec.weighted_values(p, packing.view(store, start, stop)),
+        scores,
+        values,
         mask=mask,
         block=block,
         overlay=None if window is None else WindowRead(window, length, queries.shape[2]),
+        decode_block=None if codec.decode_block is None else min(codec.decode_block, block),
     )
     assert out is not None  # value_fn was given
     return codec.finish(out)
+
+
+def pad_last(x: mx.array, n: int) -> mx.array:
+    """x [..., m] with n zeros appended on the last axis."""
+    return x if n == 0 else mx.pad(x, [(0, 0)] * (x.ndim - 1) + [(0, n)])
 
 
 WINDOW_ARRAYS = 3  # a RecentWindow's keys, values and valid slots

@@ -43,6 +43,7 @@ from veloxd.kv.quant.tokenbatch import TokenQuantBatchCache
 from veloxd.kv.quant.tokencache import TokenCodec, TokenQuantCache
 
 NORM_BITS = 16
+LLOYD_DECODE_BLOCK = 256  # keys per decode block of Lloyd-Max codes (one levels chunk)
 KEY_SALT, VALUE_SALT, RESIDUAL_SALT = 0, 1, 2
 
 
@@ -167,6 +168,9 @@ class TurboQuantMSECodec(TokenCodec):
         self.keys = RotatedQuantizer("k_", k_dim, key_bits - self.key_bits_offset, outliers, kind)
         self.values = RotatedQuantizer("v_", v_dim, config.bit_width, outliers, kind)
         self.fields = (*self.keys.fields, *self.values.fields)
+        # Lloyd-Max levels are decoded (one fused kernel) before a dense matmul: a decode step
+        # reads them a bounded block at a time, not the whole cache decoded at once.
+        self.decode_block = LLOYD_DECODE_BLOCK if kind == "lloyd_max" else None
 
     def __deepcopy__(self, memo: dict) -> TurboQuantMSECodec:
         return self  # immutable after construction: copies of a cache share it
