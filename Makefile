@@ -49,13 +49,16 @@ test: $(STAMP) browser blas
 test-fast: $(STAMP) browser blas
 	$(PYTEST) -m "not slow" tests $(NAME_NO_TESTS)
 
-# Lint, format check and type check of the whole tree (config in pyproject.toml);
+# Lint, format check and type check of the whole tree (config in pyproject.toml), no import cycle
+# in veloxd (every import counts) and no function over 80 lines without a reason (tools/);
 # `make lint FORMAT_CHECK=` skips the format check while a change is in progress.
 FORMAT_CHECK ?= 1
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(if $(FORMAT_CHECK),$(VENV)/bin/ruff format --check .)
 	$(VENV)/bin/mypy
+	$(PY) tools/import_cycles.py veloxd
+	$(PY) tools/long_functions.py veloxd
 
 # Installs chromium when missing and we are root (CI, dev machines); otherwise the browser tests
 # fail naming what is missing (they never skip silently).

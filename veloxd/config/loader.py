@@ -48,7 +48,11 @@ def load_config(path: str | os.PathLike) -> Config:
 
 
 def inspect_config(path: str | os.PathLike) -> Inspection:
-    """Like load_config, but returns the issues instead of raising."""
+    """Like load_config, but returns the issues instead of raising.
+
+    Long: the loader's stages in the order a file meets them (read, parse, schema, semantics, the
+    world), each adding located issues; one reading, top to bottom.
+    """
     file = os.fspath(path)
     try:
         source = read_source(path)

@@ -291,7 +291,11 @@ def handler_class(
     stats: RequestStats | None = None,
     limits: RequestLimits | None = None,
 ) -> type:
-    """APIHandler with bearer auth, model pinning, a self-contained /v1/models, request counters and limits."""
+    """APIHandler with bearer auth, model pinning, a self-contained /v1/models, request counters and limits.
+
+    Long: one handler class whose methods share this closure's settings (served names, key,
+    counters, limits); mlx_lm constructs it per connection, so they cannot be passed in.
+    """
     counters = stats if stats is not None else RequestStats()
     bounds = limits or RequestLimits()
 

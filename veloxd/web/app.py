@@ -51,6 +51,9 @@ def add_routes(
 ) -> None:
     """Install the dashboard into `app`, and start/stop `monitor` with it.
 
+    Long: the route table and its small handlers, which share the monitor, the key and the
+    Host/Origin rule of this mount; each handler is a few lines.
+
     Args:
         api_key: the bearer token for actions, or a function returning it at each request (a
             gateway's token changes on reload); None: read-only (actions answer 403).

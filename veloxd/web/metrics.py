@@ -61,6 +61,7 @@ class VeloxdCollector:
             yield from self._gateway(self.gateway)
 
     def _servers(self, servers: list[dict[str, Any]]) -> Iterator[Metric]:
+        """Long: one metric family after another, each a name, its help and a sample per server."""
         state = GaugeMetricFamily(
             "veloxd_server_state", "1 for the state each server is in, 0 for the others.", labels=["server", "state"]
         )

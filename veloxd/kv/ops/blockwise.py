@@ -179,6 +179,9 @@ def blockwise_attention(
 ) -> mx.array | None:
     """Softmax attention of `queries` [B, Hq, L, D] over `length` stored keys, block by block.
 
+    Long: the online softmax (running max, sum and output) and its bookkeeping stay in one
+    place, where the transient bound in the module doc can be read off.
+
     score_fn(q, start, stop) -> [B, Hkv, R, Lq, n] raw scores of pre-scaled grouped queries
     q [B, Hkv, R, Lq, D] against keys [start, stop); value_fn(p, start, stop) -> [B, Hkv, R, Lq, Dv]
     is p @ values[start:stop]. `mask` is None, "causal" (queries are the last L positions), an
