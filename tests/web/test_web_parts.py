@@ -26,7 +26,7 @@ READY_EVENT = {
     "ready": {
         "method": "kivi",
         "bits": 2,
-        "kv_bytes_per_token": {"method": 96.0, "fp16": 512.0, "ratio": 0.1875},
+        "kv_bytes_per_token": {"method": 96.0, "fp16": 512.0, "ratio": 0.1875, "tokens": 4096},
         "endpoints": {"openai_base_url": "http://127.0.0.1:8081/v1"},
         "config": {"kivi_group_size": 32},
     },
@@ -42,9 +42,14 @@ def test_compact_summarises_bulky_values_and_keeps_the_few_keys() -> None:
     assert list(short)[:4] == ["timestamp", "level", "event", "server"]
     assert short["kv_ratio"] == 0.1875 and short["bits"] == 2 and short["url"] == "http://127.0.0.1:8081/v1"
     assert "ready" not in short and "from_state" not in short and "logger" not in short
+    capped = {
+        **READY_EVENT,
+        "ready": {**READY_EVENT["ready"], "kv_bytes_per_token": {"ratio": 0.05, "tokens": 4096, "cap_tokens": 256}},
+    }
+    assert (compact(capped)["kv_ratio_tokens"], compact(capped)["kv_capped_at_tokens"]) == (4096, 256)
     assert (
         summary_text(READY_EVENT)
-        == "pid=7 startup_s=3.2 method=kivi bits=2 kv_ratio=0.1875 url=http://127.0.0.1:8081/v1"
+        == "pid=7 startup_s=3.2 method=kivi bits=2 kv_ratio=0.1875 kv_ratio_tokens=4096 url=http://127.0.0.1:8081/v1"
     )
 
 

@@ -74,6 +74,10 @@ def _summary(event: dict[str, Any]) -> dict[str, Any]:
             out["bits"] = ready["bits"]
         if isinstance(kv, dict) and kv.get("ratio") is not None:
             out["kv_ratio"] = kv["ratio"]
+            if kv.get("tokens") is not None:  # the length the ratio is taken at
+                out["kv_ratio_tokens"] = kv["tokens"]
+            if kv.get("cap_tokens") is not None:  # an evicting cache: its per-token figure holds below this
+                out["kv_capped_at_tokens"] = kv["cap_tokens"]
         url = (ready.get("endpoints") or {}).get("openai_base_url")
         if url:
             out["url"] = url
