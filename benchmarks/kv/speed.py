@@ -81,10 +81,15 @@ def measure(arms: list[Arm], contexts: tuple[int, ...], with_prefill: bool = Tru
     for _ in range(ROUNDS if with_prefill else 0):
         for a in arms:
             prefill_times[a.label].append(prefill_ms(model, a))
-    decode = {}
+    results = header(arms, {label: (statistics.median(t) if t else None) for label, t in prefill_times.items()})
     for context in contexts:
-        decode[str(context)] = measure_context(model, arms, context)
-        print(f"measured {context} tokens", flush=True)
+        results["decode_ms"][str(context)] = measure_context(model, arms, context)
+        print(render(results), flush=True)  # each context's table as soon as it is measured
+    return results
+
+
+def header(arms: list[Arm], prefill: dict[str, float | None]) -> dict[str, Any]:
+    """A results dict before any decode context is measured."""
     return {
         "machine": cpu_name(),
         "cores": os.cpu_count(),
@@ -93,8 +98,8 @@ def measure(arms: list[Arm], contexts: tuple[int, ...], with_prefill: bool = Tru
         "rounds": ROUNDS,
         "steps": STEPS,
         "arms": [a.to_dict() for a in arms],
-        "prefill_ms": {label: (statistics.median(t) if t else None) for label, t in prefill_times.items()},
-        "decode_ms": decode,
+        "prefill_ms": prefill,
+        "decode_ms": {},
     }
 
 
@@ -156,7 +161,6 @@ def main(argv: list[str] | None = None) -> None:
     if args.contexts:
         contexts = tuple(int(c) for c in args.contexts.split(","))
     results = measure(arms, contexts, with_prefill=not args.no_prefill)
-    print(render(results))
     if args.json:
         RESULTS.parent.mkdir(parents=True, exist_ok=True)
         RESULTS.write_text(json.dumps(results, indent=2) + "\n")
