@@ -47,6 +47,8 @@ def test_every_key_and_value(installed: tuple[LaunchdHarness, dict, subprocess.C
     assert "assumes the default stop_timeout_s of 30 s" in done.stderr
     assert plist["WorkingDirectory"] == str(h.config.parent)
     args = plist["ProgramArguments"]
+    assert args[1] == "-P"  # no folder named veloxd in the working directory can shadow the package
+    args = [args[0], *args[2:]]
     assert args[1:5] == ["-m", "veloxd", "run", "--config"]
     assert args[5] == str(h.config)
     assert args[6] == "--log-file" and args[8] == "--state-dir"
@@ -78,13 +80,15 @@ def test_default_locations_follow_veloxd_paths(
     monkeypatch.delenv("XDG_STATE_HOME", raising=False)
     from veloxd import paths
 
-    assert plist["ProgramArguments"][7] == str(paths.default_log_file())
-    assert plist["ProgramArguments"][9] == str(paths.default_state_dir())
+    assert plist["ProgramArguments"][8] == str(paths.default_log_file())  # after -P -m veloxd run --config C --log-file
+    assert plist["ProgramArguments"][10] == str(paths.default_state_dir())
 
 
 def test_every_path_is_absolute_and_exists(installed: tuple[LaunchdHarness, dict, subprocess.CompletedProcess]) -> None:
     _, plist, _ = installed
     args = plist["ProgramArguments"]
+    assert args[1] == "-P"  # no folder named veloxd in the working directory can shadow the package
+    args = [args[0], *args[2:]]
     files = [args[0], args[5]]
     dirs = [plist["WorkingDirectory"], args[9], str(Path(args[7]).parent), plist["EnvironmentVariables"]["HOME"]]
     dirs += [str(Path(plist[key]).parent) for key in ("StandardOutPath", "StandardErrorPath")]
@@ -115,7 +119,7 @@ def test_the_agent_command_imports_veloxd_in_launchds_environment(
     _, plist, _ = installed
     python = plist["ProgramArguments"][0]
     probe = subprocess.run(
-        [python, "-m", "veloxd", "run", "--help"], env=plist["EnvironmentVariables"], cwd=plist["WorkingDirectory"],
+        [python, "-P", "-m", "veloxd", "run", "--help"], env=plist["EnvironmentVariables"], cwd=plist["WorkingDirectory"],
         capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert probe.returncode == 0, probe.stderr

@@ -46,8 +46,8 @@ def test_install_writes_the_unit_and_enables_it_now_then_restarts_when_active(h:
     assert unit["WorkingDirectory"] == [str(h.config.parent)]
     argv = shlex.split(unit["ExecStart"][0])
     assert argv[0] == os.path.abspath(sys.executable)
-    assert argv[1:6] == ["-m", "veloxd", "run", "--config", str(h.config)]
-    for path_arg in (argv[0], argv[5], argv[7], argv[9]):
+    assert argv[1:7] == ["-P", "-m", "veloxd", "run", "--config", str(h.config)]
+    for path_arg in (argv[0], argv[6], argv[8], argv[10]):
         assert os.path.isabs(path_arg)
     env = dict(shlex.split(line)[0].split("=", 1) for line in unit["Environment"])
     assert env["HOME"] == str(h.home) and env["PYTHONUNBUFFERED"] == "1"
@@ -84,7 +84,7 @@ def test_paths_with_spaces_and_percent_survive_quoting(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     unit = directives(done.stdout)
     argv = shlex.split(unit["ExecStart"][0].replace("%%", "%"))  # systemd unescapes %% to %
-    assert argv[5] == str(odd)
+    assert argv[6] == str(odd)  # after -P -m veloxd run --config
     assert unit["WorkingDirectory"] == [str(odd.parent).replace("%", "%%")]
 
 

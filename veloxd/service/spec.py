@@ -61,7 +61,7 @@ class AgentSpec:
     @property
     def program_arguments(self) -> list[str]:
         return [
-            self.python, "-m", "veloxd", "run",
+            self.python, "-P", "-m", "veloxd", "run",  # -P: a `veloxd` folder in the working directory cannot shadow it
             "--config", self.config,
             "--log-file", self.log_file,
             "--state-dir", self.state_dir,
