@@ -13,7 +13,8 @@ from typing import Any
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if not path.parent.exists():  # a parent that is a file fails below, as NotADirectoryError
+        path.parent.mkdir(parents=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as handle:

@@ -6,8 +6,12 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import time
+from pathlib import Path
 
+# Run as a script (the daemon's worker command): the repository root is not on sys.path by itself.
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from tests.fixtures import fake_worker
 
 PROMPT_TOKENS, COMPLETION_TOKENS = 17, 29

@@ -13,6 +13,7 @@ import pytest
 from tests.fixtures.daemon_harness import DaemonHarness, pid_alive
 from tests.gateway.support import GATEWAY, LOAD_S, MODEL, events_after, gateway_yaml, models, real_entry
 from tests.support import free_port, http_json, wait_until
+from veloxd.checks import gib
 
 
 def client(port: int, request: pytest.FixtureRequest) -> openai.OpenAI:
@@ -160,7 +161,7 @@ def test_memory_admission_with_measured_needs(tmp_path: Path, request: pytest.Fi
         with pytest.raises(openai.APIStatusError) as refused:
             api.completions.create(model="one", prompt="x", max_tokens=2)
         assert refused.value.status_code == 503
-        assert f"needs {need} bytes" in str(refused.value) and f"budget is {need // 2} bytes" in str(refused.value)
+        assert f"needs {gib(need)}" in str(refused.value) and f"budget is {gib(need // 2)}" in str(refused.value)
         assert h.wait_event("admission_refused", server="one")["need"] == need
     finally:
         h.cleanup()

@@ -103,12 +103,12 @@ COUNT_CASES += [pytest.param(m, UNIFORM, id=f"{m}-uniform") for m in ("turboquan
 
 
 @pytest.mark.parametrize(("method", "fields"), COUNT_CASES)
-@pytest.mark.parametrize(("gqa", "d"), [(1, 64), (4, 128), (16, 128)])
+@pytest.mark.parametrize(("gqa", "d"), [(4, 64)])  # a graph's size depends on neither; filling 16 x 128 is slow
 def test_decode_step_operations_do_not_grow_with_context(method, fields, gqa, d, tmp_path) -> None:
     n_q = N_KV * gqa
     queries, keys, values = step(n_q, d)
     sizes = []
-    for context in (300, 1300, 3300):  # one prefill block to four: 2 to 26 blocks of the old path
+    for context in (300, 1300):  # 2 and 10 blocks of the old blocked path: a per-block read would show
         cache = filled(method, n_q, d, fields, context)
         cache.update_and_fetch(keys, values)
         mx.eval(cache.arrays())
@@ -118,7 +118,7 @@ def test_decode_step_operations_do_not_grow_with_context(method, fields, gqa, d,
     assert min(sizes) > 0
     # equal up to a slice or pad MLX elides when it covers a whole buffer (spare capacity or none);
     # a per-block read would add a dozen operations per 128 keys
-    assert max(sizes) - min(sizes) <= 2, f"decode graph sizes {sizes} at 300, 1300 and 3300 tokens"
+    assert max(sizes) - min(sizes) <= 2, f"decode graph sizes {sizes} at 300 and 1300 tokens"
 
 
 def test_lloyd_max_decode_reads_bounded_blocks() -> None:

@@ -192,6 +192,7 @@ def serve_rank(options: ServeOptions, stopper: Stopper | None = None) -> int:
         stopper = Stopper()
         start_watch(options.lifeline_fd, stopper)
     model_id, names = model_names(options.model)
+    names |= set(options.served_names)  # the entry's name, as a single worker accepts it
     started = time.monotonic()
 
     def on_loaded(model: Any, tokenizer: Any) -> bool:
