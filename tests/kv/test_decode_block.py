@@ -26,9 +26,9 @@ from veloxd.kv.factory import cache_class
 from veloxd.kv.ops import blockwise
 
 N_KV = 2
-CONTEXT = 700  # 6 blocks of the 128-key reference, one pass for the decode step
+CONTEXT = 300  # 3 blocks of the 128-key reference (the last one partial), one pass for the decode step
 REFERENCE_BLOCK = 128
-SHAPES = [(1, 64), (2, 96), (4, 128), (7, 96), (8, 64), (16, 128)]
+SHAPES = [(1, 64), (2, 96), (7, 128), (16, 128)]  # GQA 1 to 16, head dims 64, 96, 128 (80: eviction, below)
 EVICTION = [m for m in registry.names() if registry.get(m).family == "eviction"]
 # d 96 is not a multiple of the 64-element default groups of affine and QJL's values
 GROUPS_96 = {"affine": {"affine_group_size": 32}, "qjl": {"qjl_value_group_size": 32}}
