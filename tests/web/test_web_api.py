@@ -104,7 +104,8 @@ def test_read_only_dashboard_follows_its_block(tmp_path: Path) -> None:
         h.write(config_text(servers, None))
         h.wait_event("server_stopped", after=mark, server=DASHBOARD)
         wait_gone([second], 10)
-        assert h.state()["dashboard"] is None
+        # the state file is written after the event is logged: wait for it, as for any state
+        wait_until(lambda: h.state()["dashboard"] is None, 30, what="the state file to drop the dashboard")
         assert {n: s["pid"] for n, s in h.state()["servers"].items()} == pids
         assert h.stop() == 0
     finally:
