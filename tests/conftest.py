@@ -31,3 +31,15 @@ def kept_figures_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
 @pytest.fixture
 def free_port() -> int:
     return _free_port()
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> Path:
+    """The real pretrained model, converted once (testkit/pretrained.py); `make` installs its wheel,
+    so a missing one is a broken setup and fails, never skips."""
+    from testkit import pretrained
+
+    try:
+        return pretrained.model_dir()
+    except pretrained.PretrainedMissing as err:
+        pytest.fail(str(err))

@@ -23,14 +23,6 @@ def llama_cpp_permute(w: mx.array, n_heads: int) -> mx.array:
     return w.reshape(n_heads, 2, rows // n_heads // 2, cols).swapaxes(1, 2).reshape(rows, cols)
 
 
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    try:
-        return pretrained.model_dir()
-    except pretrained.PretrainedMissing as err:  # `make` installs it: a missing wheel is a broken setup
-        pytest.fail(str(err))
-
-
 @pytest.mark.parametrize(("n_heads", "head_dim"), [(1, 64), (3, 64), (9, 64), (4, 128), (2, 96), (2, 80)])
 def test_unpermute_inverts_llama_cpp_permute(n_heads: int, head_dim: int) -> None:
     w = mx.random.normal((n_heads * head_dim, 24))

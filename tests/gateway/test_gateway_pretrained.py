@@ -18,14 +18,6 @@ from tests.support import free_port, wait_until
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 
 
-@pytest.fixture(scope="module")
-def smollm2() -> Path:
-    try:
-        return pretrained.model_dir()
-    except pretrained.PretrainedMissing as err:  # `make` installs it: a missing wheel is a broken setup
-        pytest.fail(str(err))
-
-
 @pytest.mark.slow
 def test_pretrained_model_chat_stream_and_reload(tmp_path: Path, request: pytest.FixtureRequest, smollm2: Path) -> None:
     preload = pretrained.blas_preload()
