@@ -192,8 +192,15 @@ def _stream(
     ranged = {**headers, "Range": f"bytes={resume}-"} if resume else headers
     # Its retries cover a refused or failed request (status 429/5xx); a body that breaks is
     # continued by `fetch` with a new Range (retrying inside would replay the stream).
+    # huggingface_hub's session waits without limit unless asked: a stalled read raises after
+    # HF_HUB_DOWNLOAD_TIMEOUT and `fetch` continues from the bytes already here.
     with http_stream_backoff(
-        "GET", file.url, headers=ranged, follow_redirects=True, retry_on_exceptions=()
+        "GET",
+        file.url,
+        headers=ranged,
+        follow_redirects=True,
+        retry_on_exceptions=(),
+        timeout=constants.HF_HUB_DOWNLOAD_TIMEOUT,
     ) as response:
         hf_raise_for_status(response)
         if resume and response.status_code != 206:  # the server ignored our Range: start over
