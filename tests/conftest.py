@@ -1,4 +1,5 @@
-"""Session fixtures: one tiny model written once, and free loopback ports."""
+"""Session fixtures: one tiny model written once, and free loopback ports; how `make test` spreads
+tests over the xdist workers."""
 
 from __future__ import annotations
 
@@ -43,3 +44,13 @@ def smollm2() -> Path:
         return pretrained.model_dir()
     except pretrained.PretrainedMissing as err:
         pytest.fail(str(err))
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """`--dist loadgroup` (what `make test` uses): test by test, a module that shares a module
+    fixture as one group (tests/spread.py)."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from tests.spread import ModuleOrTest
+
+    return ModuleOrTest(config, log)

@@ -49,4 +49,9 @@ class Probe:
 
     def accuracy(self, model: Any) -> float:
         """Fraction of prompts whose whole key is retrieved."""
-        return float(np.mean([row.all() for row in self.token_hits(model)]))
+        return whole_key_accuracy(self.token_hits(model))
+
+
+def whole_key_accuracy(hits: list[np.ndarray]) -> float:
+    """Fraction of prompts whose answer tokens all hit."""
+    return float(np.mean([row.all() for row in hits]))

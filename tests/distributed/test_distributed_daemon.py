@@ -30,8 +30,7 @@ def test_a_distributed_entry_is_supervised_as_one_unit(tmp_path: Path) -> None:
     group = entry(
         free_port(),
         model=str(ASSET_MODEL),
-        method="affine",
-        bits=4,
+        method="fp16",  # supervision is the point here; methods per rank: test_distributed_serve.py
         ready_timeout_s=LOAD_S,
         stop_timeout_s=30,
         distributed={"hosts": LOCAL_PAIR, "port": ring_port()},

@@ -45,25 +45,27 @@ UNIFORM = {"turboquant_codebook": "uniform"}
 CASES += [pytest.param(m, 4, 128, UNIFORM, id=f"{m}-uniform") for m in ("turboquant_mse", "turboquant_prod")]
 
 
-def filled(method: str, n_q: int, d: int, fields: dict[str, Any], context: int = CONTEXT) -> Any:
+def filled(
+    method: str, n_q: int, d: int, fields: dict[str, Any], context: int = CONTEXT, dtype: mx.Dtype = mx.float16
+) -> Any:
     """A cache holding `context` tokens, filled as a server would: prefill chunks, each attended."""
     cache = cache_class(method)(KVCacheConfig(method=method, **fields), LayerSpec(0, 1))
     key = mx.random.key(3)
     for start in range(0, context, 128):
         n = min(128, context - start)
         k1, k2, k3, key = mx.random.split(key, 4)
-        keys = mx.random.normal((1, N_KV, n, d), key=k1).astype(mx.float16)
-        values = mx.random.normal((1, N_KV, n, d), key=k2).astype(mx.float16)
+        keys = mx.random.normal((1, N_KV, n, d), key=k1).astype(dtype)
+        values = mx.random.normal((1, N_KV, n, d), key=k2).astype(dtype)
         cache.update_and_fetch(keys, values)
-        mx.eval(cache.attend(mx.random.normal((1, n_q, n, d), key=k3).astype(mx.float16), d**-0.5, "causal"))
+        mx.eval(cache.attend(mx.random.normal((1, n_q, n, d), key=k3).astype(dtype), d**-0.5, "causal"))
     return cache
 
 
-def step(n_q: int, d: int) -> tuple[mx.array, mx.array, mx.array]:
+def step(n_q: int, d: int, dtype: mx.Dtype = mx.float16) -> tuple[mx.array, mx.array, mx.array]:
     k1, k2, k3 = mx.random.split(mx.random.key(7), 3)
-    keys = mx.random.normal((1, N_KV, 1, d), key=k1).astype(mx.float16)
-    values = mx.random.normal((1, N_KV, 1, d), key=k2).astype(mx.float16)
-    queries = mx.random.normal((1, n_q, 1, d), key=k3).astype(mx.float16)
+    keys = mx.random.normal((1, N_KV, 1, d), key=k1).astype(dtype)
+    values = mx.random.normal((1, N_KV, 1, d), key=k2).astype(dtype)
+    queries = mx.random.normal((1, n_q, 1, d), key=k3).astype(dtype)
     mx.eval(keys, values, queries)
     return queries, keys, values
 
@@ -106,10 +108,11 @@ COUNT_CASES += [pytest.param(m, UNIFORM, id=f"{m}-uniform") for m in ("turboquan
 @pytest.mark.parametrize(("gqa", "d"), [(4, 64)])  # a graph's size depends on neither; filling 16 x 128 is slow
 def test_decode_step_operations_do_not_grow_with_context(method, fields, gqa, d, tmp_path) -> None:
     n_q = N_KV * gqa
-    queries, keys, values = step(n_q, d)
+    # float32: a graph's size does not depend on the dtype, and CPU float16 kernels are slow to fill with
+    queries, keys, values = step(n_q, d, mx.float32)
     sizes = []
     for context in (300, 1300):  # 2 and 10 blocks of the old blocked path: a per-block read would show
-        cache = filled(method, n_q, d, fields, context)
+        cache = filled(method, n_q, d, fields, context, mx.float32)
         cache.update_and_fetch(keys, values)
         mx.eval(cache.arrays())
         out = cache.attend(queries, d**-0.5, None)  # built, not evaluated

@@ -49,6 +49,8 @@ def test_metrics_count_requests_and_restarts(tmp_path: Path) -> None:
             ("veloxd_requests_total", {"server": "alpha", "status": "200"}, REQUESTS),
             ("veloxd_requests_total", {"server": "alpha", "status": "404"}, 2),
             ("veloxd_request_duration_seconds_count", {"server": "alpha"}, REQUESTS + 2),
+            # Read from the same scrape as the counts (a CI run once saw a scrape without it).
+            ("veloxd_server_state", {"server": "broken", "state": "fatal"}, 1),
         )
 
         def value(name: str, **labels: str) -> float | None:

@@ -124,6 +124,10 @@ class Daemon:
             self.lifeline.close()
         self._write_state(running=False)
         self.log.info("daemon_stopped", pid=os.getpid())
+        # Python resets its handlers to the default at exit: a wrapper's late copy of Ctrl-C would then
+        # turn this clean exit into a death by SIGINT. Stopped is stopped; an ignored handler stays.
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         return 0
 
     def _install_signals(self) -> None:
