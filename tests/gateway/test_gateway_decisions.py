@@ -11,7 +11,7 @@ import pytest
 from veloxd.config.gateway import ASSIGNED_PORTS, assign_port
 from veloxd.daemon.memory import Need, default_budget, entry_need, kv_record, memory_table, render_table
 from veloxd.gateway.admission import Admit, Refuse, Resident, admit, idle
-from veloxd.gateway.fleet import routing_table
+from veloxd.gateway.routing import routing_table
 
 MB = 1_000_000
 
