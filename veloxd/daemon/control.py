@@ -180,12 +180,17 @@ def _await_answer(conn: socket.socket, reply: m.Reply, timeout: float) -> dict[s
 
 
 def _client_gone(conn: socket.socket) -> bool:
-    """The client closed (or reset) its end: readable, with nothing to read. A client sends one line
-    and then only reads, so a readable connection is an end of file or an error."""
+    """The client closed (or reset) its end: readable with nothing to read (a client sends its one
+    line, then only reads). poll, not select: a descriptor above FD_SETSIZE is no error to it."""
+    poller = select.poll()
+    poller.register(conn, select.POLLIN)
+    if not poller.poll(0):
+        return False
     try:
-        readable, _, _ = select.select([conn], [], [], 0)
-        return bool(readable) and not conn.recv(1, socket.MSG_PEEK)
-    except (OSError, ValueError):
+        return not conn.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return False
+    except OSError:
         return True
 
 
