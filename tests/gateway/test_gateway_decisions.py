@@ -10,8 +10,8 @@ import pytest
 
 from veloxd.config.gateway import ASSIGNED_PORTS, assign_port
 from veloxd.daemon.memory import Need, default_budget, entry_need, kv_record, memory_table, render_table
-from veloxd.gateway.admission import Admit, Refuse, Resident, admit, idle
-from veloxd.gateway.fleet import routing_table
+from veloxd.gateway.admission import Admit, Refuse, Resident, admit, idle, next_idle
+from veloxd.gateway.routing import routing_table
 
 MB = 1_000_000
 
@@ -67,6 +67,9 @@ def test_idle_follows_a_fake_clock() -> None:
     assert idle(residents, now=104.9) == []
     assert idle(residents, now=105.0) == ["short"]
     assert idle(residents, now=160.0) == ["short", "long"]
+    # When the idle-unload task wakes next: the first time at which `idle` names a server.
+    assert next_idle(residents) == 105.0 and next_idle(residents[1:]) == 160.0
+    assert next_idle(residents[2:]) is None  # nothing is due until a request ends (or a view arrives)
 
 
 def test_need_is_weights_plus_kv_at_the_context_limit_times_concurrency(tmp_path: Path) -> None:

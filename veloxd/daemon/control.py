@@ -4,7 +4,10 @@ The socket lives in the state directory (mode 0600, directory 0700: only the use
 to the daemon). When that path is too long for a unix socket, it lives in a fresh 0700
 directory of our own with an unpredictable name (mkdtemp), recorded in the state file: no
 other user can create or hold that name first. One JSON line in, one JSON line out. The accepting thread only enqueues a
-request and waits for the loop thread's answer; it never touches the daemon's state.
+request and waits for the loop thread's answer; it never touches the daemon's state. A request
+may wait for its answer (`gateway_view` with `wait_s`: veloxd/daemon/longpoll.py); when its client
+closes the connection meanwhile, the thread marks the reply abandoned and the loop drops it.
+The async client of this socket is veloxd/daemon/client.py; `request` below is the CLI's.
 """
 
 from __future__ import annotations
@@ -13,16 +16,19 @@ import contextlib
 import json
 import os
 import queue
+import select
 import shutil
 import socket
 import stat
 import tempfile
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
 from veloxd.daemon import messages as m
 from veloxd.daemon.logs import RECENT
+from veloxd.daemon.longpoll import MAX_WAIT_S
 from veloxd.daemon.statefile import StartupError, read_state
 
 SOCKET_NAME = "control.sock"
@@ -31,6 +37,7 @@ PRIVATE_PREFIX = "veloxd-"
 MAX_UNIX_PATH = 100  # sun_path is 104 bytes on macOS, 108 on Linux
 REQUEST_TIMEOUT_S = 30.0
 MAX_ANSWER_BYTES = 64 << 20  # a status or an events page; requests themselves stay under 64 KiB
+CLIENT_CHECK_S = 1.0  # while an answer waits: how often to look whether its client is still there
 
 
 class DaemonUnreachable(RuntimeError):
@@ -58,7 +65,8 @@ def remove_private_dir(path: Path) -> None:
             shutil.rmtree(parent)
 
 
-def _to_message(request: dict[str, Any], reply: m.Reply) -> m.Message | None:
+def _to_message(request: dict[str, Any], reply: m.Reply) -> m.Message | str | None:
+    """The loop's message for `request`; a string says what is wrong with it; None: unknown."""
     command = request.get("command")
     if command == "reload":
         return m.ReloadRequested(source="control", reply=reply)
@@ -67,7 +75,10 @@ def _to_message(request: dict[str, Any], reply: m.Reply) -> m.Message | None:
     if command == "status":
         return m.StatusRequested(reply=reply)
     if command == "gateway_view":
-        return m.GatewayViewRequested(reply=reply)
+        known, wait_s = request.get("known"), request.get("wait_s", 0)
+        if not (known is None or isinstance(known, str)) or not _seconds(wait_s):
+            return f"gateway_view: known is the etag of a view (a string), wait_s seconds from 0 to {MAX_WAIT_S:g}"
+        return m.GatewayViewRequested(reply=reply, known=known, wait_s=float(wait_s))
     name = request.get("name")
     if command == "start" and isinstance(name, str):
         unload = request.get("unload") or []
@@ -76,6 +87,10 @@ def _to_message(request: dict[str, Any], reply: m.Reply) -> m.Message | None:
     if command == "unload" and isinstance(name, str) and request.get("reason") in ("idle", "admission", "manual"):
         return m.UnloadRequested(name=name, reason=request["reason"], reply=reply)
     return None
+
+
+def _seconds(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value <= MAX_WAIT_S
 
 
 class ControlServer:
@@ -132,16 +147,51 @@ class ControlServer:
                 return
             reply = m.Reply()
             message = _to_message(request, reply) if isinstance(request, dict) else None
-            answer: dict[str, Any]
+            answer: dict[str, Any] | None
             if isinstance(request, dict) and request.get("command") == "events":
                 answer = _events(request)  # the log ring has its own lock: no trip through the loop
             elif message is None:
                 answer = {"ok": False, "error": f"unknown request: {request!r}"}
+            elif isinstance(message, str):
+                answer = {"ok": False, "error": message}
             else:
                 self._inbox.put(message)
-                answer = reply.wait(REQUEST_TIMEOUT_S) or {"ok": False, "error": "the daemon did not answer in time"}
+                waits = message.wait_s if isinstance(message, m.GatewayViewRequested) else 0.0
+                answer = _await_answer(conn, reply, waits + REQUEST_TIMEOUT_S)
+                if answer is None and reply.abandoned:
+                    return  # its client went: nobody to answer
+            answer = answer or {"ok": False, "error": "the daemon did not answer in time"}
             with contextlib.suppress(OSError):
                 conn.sendall(json.dumps(answer, default=str).encode() + b"\n")
+
+
+def _await_answer(conn: socket.socket, reply: m.Reply, timeout: float) -> dict[str, Any] | None:
+    """The loop's answer within `timeout`; None if none came, or if the client closed the connection
+    meanwhile (the reply is then marked abandoned: the loop drops it instead of answering)."""
+    deadline = time.monotonic() + timeout
+    while (remaining := deadline - time.monotonic()) > 0:
+        answer = reply.wait(min(CLIENT_CHECK_S, remaining))
+        if answer is not None:
+            return answer
+        if _client_gone(conn):
+            reply.abandon()
+            return None
+    return None
+
+
+def _client_gone(conn: socket.socket) -> bool:
+    """The client closed (or reset) its end: readable with nothing to read (a client sends its one
+    line, then only reads). poll, not select: a descriptor above FD_SETSIZE is no error to it."""
+    poller = select.poll()
+    poller.register(conn, select.POLLIN)
+    if not poller.poll(0):
+        return False
+    try:
+        return not conn.recv(1, socket.MSG_PEEK)
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
 
 
 def _events(request: dict[str, Any]) -> dict[str, Any]:

@@ -147,6 +147,7 @@ class Daemon:
             if message is not None:
                 self._handle(message, now)
             self._timers(now)
+            self.ondemand.views.settle(now)  # held gateway views: answered if this turn changed one
             self._write_state(running=True)
 
     def _next_wakeup(self, now: float) -> float:
@@ -156,6 +157,7 @@ class Daemon:
             self._config_debounce.deadline(),
             self.models.deadline(),
             self.dashboard.supervisor.next_deadline(),
+            self.ondemand.views.next_deadline(),
         ]
         return min((d for d in deadlines if d is not None), default=now + POLL_S)
 

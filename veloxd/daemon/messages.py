@@ -5,6 +5,7 @@ child reader/waiter threads, the control socket) only puts one of these on its q
 from __future__ import annotations
 
 import queue
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,9 +45,15 @@ class StatusRequested:
 
 @dataclass(frozen=True)
 class GatewayViewRequested:
-    """The gateway asks for every entry's routing facts, state, port and memory need."""
+    """The gateway asks for every entry's routing facts, state, port and memory need.
+
+    With `known` (the etag of the view it holds) and `wait_s`, the answer waits until the view
+    differs from that one or `wait_s` passes (veloxd/daemon/longpoll.py).
+    """
 
     reply: Reply
+    known: str | None = None
+    wait_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -114,9 +121,11 @@ class HealthProbed:
 
 @dataclass(eq=False)
 class Reply:
-    """A one-shot answer slot: the loop fills it, the control thread waits on it."""
+    """A one-shot answer slot: the loop fills it, the control thread waits on it (and marks it
+    abandoned when its client went, so a held request is dropped instead of answered)."""
 
     _box: queue.SimpleQueue[dict[str, Any]] = field(default_factory=queue.SimpleQueue)
+    _gone: threading.Event = field(default_factory=threading.Event)
 
     def send(self, answer: dict[str, Any]) -> None:
         self._box.put(answer)
@@ -126,6 +135,13 @@ class Reply:
             return self._box.get(timeout=timeout)
         except queue.Empty:
             return None
+
+    def abandon(self) -> None:
+        self._gone.set()
+
+    @property
+    def abandoned(self) -> bool:
+        return self._gone.is_set()
 
 
 Message = (

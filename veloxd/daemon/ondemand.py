@@ -3,6 +3,8 @@
 Runs on the daemon's loop thread only. The gateway decides (admission, idleness: pure functions
 in veloxd.gateway.admission); this module carries out what it asks through the supervisor's
 rollouts, so an admission's stops finish before its start, and a reload in progress is respected.
+The view is a long poll (`views`, veloxd/daemon/longpoll.py): the loop calls `views.settle` once per
+turn, so a gateway waiting for a change hears of it in the turn that made it.
 Memory measurements from READY lines are remembered in `<state_dir>/measurements.json`.
 """
 
@@ -15,6 +17,7 @@ from typing import Any
 
 from veloxd.config.gateway import GATEWAY_NAME
 from veloxd.daemon import messages as m
+from veloxd.daemon.longpoll import ViewWaits
 from veloxd.daemon.memory import (
     Need,
     budget_for,
@@ -39,6 +42,7 @@ class OnDemand:
         self._log = log
         self.measurements: dict[str, Any] = read_measurements(self._state_dir)
         self._needs: dict[tuple, Need] = {}
+        self.views = ViewWaits(self.view)
 
     # ---- memory ---------------------------------------------------------------------------
     def need(self, entry: Any) -> Need:
@@ -97,7 +101,7 @@ class OnDemand:
     # ---- control requests -----------------------------------------------------------------
     def handle(self, msg: m.GatewayViewRequested | m.StartRequested | m.UnloadRequested, now: float) -> None:
         if isinstance(msg, m.GatewayViewRequested):
-            msg.reply.send({"ok": True, **self.view()})
+            self.views.ask(msg.reply, msg.known, msg.wait_s, now)
         elif isinstance(msg, m.StartRequested):
             msg.reply.send(self._start(msg.name, msg.unload, now))
         else:

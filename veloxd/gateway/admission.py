@@ -74,3 +74,16 @@ def idle(residents: Iterable[Resident], now: float) -> list[str]:
         for r in residents
         if r.on_demand and not r.busy and r.idle_unload_s is not None and now - r.last_used >= r.idle_unload_s
     ]
+
+
+def next_idle(residents: Iterable[Resident]) -> float | None:
+    """When the first of these becomes idle (as `idle` counts); None: none will without a change
+    (a busy server's time starts when its last request ends)."""
+    return min(
+        (
+            r.last_used + r.idle_unload_s
+            for r in residents
+            if r.on_demand and not r.busy and r.idle_unload_s is not None
+        ),
+        default=None,
+    )

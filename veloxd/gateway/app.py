@@ -237,8 +237,7 @@ async def _complete(request: web.Request, record: RequestRecord) -> web.StreamRe
         record.error = str(err)
         return error_response(503, str(err), "server_unavailable", headers=headers, **err.facts)
     finally:
-        slot.in_flight -= 1
-        slot.last_used = fleet.clock()
+        fleet.release(slot)
 
 
 async def _forward_when_ready(

@@ -22,8 +22,8 @@ from typing import Any
 
 from aiohttp import web
 
+from veloxd.daemon.control import DaemonUnreachable
 from veloxd.gateway.fleet import Fleet, Unavailable
-from veloxd.gateway.link import DaemonGone
 from veloxd.gateway.proxy import error_response
 from veloxd.web.app import add_routes
 from veloxd.web.main import allowed_hosts
@@ -73,11 +73,11 @@ def _on_demand(fleet: Fleet, name: str) -> dict[str, Any] | None:
 
 async def start_now(fleet: Fleet, name: str) -> dict[str, Any]:
     """The page's start: admission and start, as a first request would do, without waiting for ready."""
-    # The page follows the daemon's state stream, which can be ahead of the gateway's polled view
+    # The page follows the daemon's state stream, which can be ahead of the gateway's view
     # (a click on start right after an unload): decide on a fresh view, never a stale one.
     try:
         await fleet.refresh()
-    except DaemonGone as err:
+    except DaemonUnreachable as err:
         return {"ok": False, "error": str(err)}
     refused = _on_demand(fleet, name)
     if refused is not None:
@@ -90,7 +90,7 @@ async def start_now(fleet: Fleet, name: str) -> dict[str, Any]:
         answer = await fleet.admit_and_start(name)
     except Unavailable as err:  # over the memory budget: the same numbers a request's 503 carries
         return {"ok": False, "error": str(err), **err.facts}
-    except DaemonGone as err:
+    except DaemonUnreachable as err:
         return {"ok": False, "error": str(err)}
     # `already`: the gateway's view was behind the daemon's (a start was under way or done).
     return {"ok": True, "state": "starting", "already": bool(answer.get("already"))}
@@ -106,8 +106,8 @@ async def unload_now(fleet: Fleet, name: str) -> dict[str, Any]:
         return {"ok": False, "error": f"server {name!r} has {slot.in_flight} request(s) in flight or queued"}
     slot.unloading = True  # the idle poller must not ask for the same stop
     try:
-        answer = await fleet.link.unload(name, "manual")
-    except DaemonGone as err:
+        answer = await fleet.daemon.unload(name, "manual")
+    except DaemonUnreachable as err:
         slot.unloading = False
         return {"ok": False, "error": str(err)}
     if answer.get("ok") and not answer.get("already"):

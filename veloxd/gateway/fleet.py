@@ -1,28 +1,32 @@
 """The servers as the gateway sees them: the daemon's view, routing names, and readiness on demand.
 
-One asyncio task polls the daemon's view (fast while requests wait for a start, slowly
-otherwise) and unloads idle on-demand servers. `ensure_ready(name)` makes a request wait until its
-server is ready: the first request for a stopped on-demand server runs admission and asks the
-daemon to start it; every concurrent request for it awaits that same start.
+One asyncio task follows the daemon's view as a long poll (`follow_view`: the daemon answers
+when its view differs from the one held, veloxd/daemon/longpoll.py); another unloads idle
+on-demand servers (veloxd/gateway/idle.py). `ensure_ready(name)` makes a
+request wait until its server is ready: the first request for a stopped on-demand server runs
+admission and asks the daemon to start it; every concurrent request for it awaits that same
+start, and all wake on the view that shows it ready.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from veloxd.daemon.client import DaemonClient
+from veloxd.daemon.control import DaemonUnreachable
+from veloxd.daemon.longpoll import MAX_WAIT_S
 from veloxd.gateway import admission
 from veloxd.gateway.events import emit
-from veloxd.gateway.link import DaemonGone, DaemonLink
+from veloxd.gateway.routing import routing_table
 from veloxd.gateway.tally import GatewayTally
 
-POLL_IDLE_S = 0.5
-POLL_WAITING_S = 0.05  # while a request waits for a server to become ready
+VIEW_WAIT_S = MAX_WAIT_S  # one long poll; the daemon answers sooner when its view changes
+RETRY_S = 1.0  # after the daemon could not be reached or refused to hold a view request
 DEFAULT_START_TIMEOUT_S = 300.0
 
 
@@ -49,17 +53,19 @@ class Slot:
 
 
 class Fleet:
-    def __init__(self, link: DaemonLink, clock: Callable[[], float] = time.monotonic) -> None:
-        self.link = link
+    def __init__(self, daemon: DaemonClient, clock: Callable[[], float] = time.monotonic) -> None:
+        self.daemon = daemon
         self.clock = clock
         self.view: dict[str, Any] = {"servers": {}, "gateway": None, "budget": None}
+        self.etag: str | None = None  # the daemon's name for `view` (None: ours differs from every one)
         self.slots: dict[str, Slot] = {}
         self.routes: dict[str, str] = {}  # model name a client may send -> entry name
         self._refreshed = asyncio.Event()
         self._starts: dict[str, asyncio.Task[None]] = {}
         self._pending: dict[str, float] = {}  # start requested (until when we count on it), not yet in the view
         self._admission = asyncio.Lock()
-        self._waiting = 0
+        self.usage_changed = asyncio.Event()  # a request ended or the view changed: idle times move
+        self._recheck: asyncio.Task[None] | None = None
         self.tally = GatewayTally(self.queued)
 
     def queued(self) -> dict[str, int]:
@@ -75,12 +81,15 @@ class Fleet:
     def servers(self) -> dict[str, Any]:
         return self.view.get("servers") or {}
 
-    async def refresh(self) -> None:
-        answer = await self.link.view()
+    async def refresh(self, wait_s: float = 0.0) -> dict[str, Any]:
+        """Take the daemon's view now, or with `wait_s` the next one unlike ours (at most that late)."""
+        answer = await self.daemon.view(self.etag if wait_s else None, wait_s)
         if answer.get("ok"):
+            self.etag = answer.get("etag")
             self._apply(answer)
         event, self._refreshed = self._refreshed, asyncio.Event()
         event.set()  # wakes everyone waiting for a newer view
+        return answer
 
     def _apply(self, view: dict[str, Any]) -> None:
         now = self.clock()
@@ -105,43 +114,56 @@ class Fleet:
         for gone in set(self.slots) - set(servers):
             del self.slots[gone]
         self.routes = routing_table(servers)
+        self.usage_changed.set()
 
-    async def poll_forever(self) -> None:
+    async def follow_view(self) -> None:
+        """Keep the view current: one long poll after another, each answered by the daemon's next view."""
         while True:
             try:
-                await self.refresh()
-                await self._unload_idle()
-            except DaemonGone as err:
+                answer = await self.refresh(VIEW_WAIT_S)
+                if answer.get("ok"):
+                    continue
+                emit("gateway_view_refused", "warning", error=answer.get("error"))
+            except DaemonUnreachable as err:
                 emit("gateway_daemon_unreachable", "warning", error=str(err))
-                await asyncio.sleep(1.0)
-            except Exception as err:  # the poller must outlive any surprise, or every view goes stale
+            except Exception as err:  # the follower must outlive any surprise, or every view goes stale
                 emit("gateway_poll_failed", "error", error=repr(err))
-                await asyncio.sleep(1.0)
-            await asyncio.sleep(POLL_WAITING_S if self._waiting else POLL_IDLE_S)
+            await asyncio.sleep(RETRY_S)
 
     def mark_unreachable(self, name: str) -> None:
-        """A connection to `name` was refused: not ready, whatever the last view said, until the next one."""
+        """A connection to `name` was refused: not ready, whatever the last view said, until the next
+        one, which is asked for at once (the daemon's view may not change: a worker alive but refusing)."""
         server = self.servers.get(name)
         if server is not None and server["state"] == "ready":
             self.view["servers"][name] = {**server, "state": "unreachable"}
+            self.etag = None
+            if self._recheck is None or self._recheck.done():
+                self._recheck = asyncio.ensure_future(self._refresh_quietly())
+
+    async def _refresh_quietly(self) -> None:
+        with contextlib.suppress(DaemonUnreachable):  # the follower reports it
+            await self.refresh()
 
     async def process_replaced(self, name: str, pid: int | None, within_s: float = 2.0) -> bool:
         """After a broken connection: did the worker `pid` exit (so a retry goes to a new one)?
 
-        Asks the daemon until it reports the exit or `within_s` passes (the daemon learns of an exit
-        within milliseconds; a worker that resets connections while alive is not retried).
+        Asks the daemon once, then follows its views until one reports the exit or `within_s` passes
+        (the daemon learns of an exit within milliseconds; a worker that resets connections while
+        alive is not retried).
         """
         until = self.clock() + within_s
+        with contextlib.suppress(DaemonUnreachable):
+            await self.refresh()
         while True:
-            with contextlib.suppress(DaemonGone):
-                await self.refresh()
             server = self.servers.get(name) or {}
             if server.get("pid") != pid or server.get("state") != "ready":
                 self.mark_unreachable(name)
                 return True
-            if self.clock() >= until:
+            remaining = until - self.clock()
+            if remaining <= 0:
                 return False
-            await asyncio.sleep(0.1)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._refreshed.wait(), remaining)
 
     # ---- routing --------------------------------------------------------------------------
     def resolve(self, model: str) -> str | None:
@@ -154,6 +176,12 @@ class Fleet:
     def slot(self, name: str) -> Slot:
         return self.slots[name]
 
+    def release(self, slot: Slot) -> None:
+        """A request for `slot`'s server ended: its idle time counts from now."""
+        slot.in_flight -= 1
+        slot.last_used = self.clock()
+        self.usage_changed.set()
+
     def start_timeout_s(self) -> float:
         return float(self.settings.get("start_timeout_s") or DEFAULT_START_TIMEOUT_S)
 
@@ -164,7 +192,6 @@ class Fleet:
         task = self._starts.get(name)
         if task is None or task.done():
             task = self._starts[name] = asyncio.ensure_future(self._bring_up(name))
-        self._waiting += 1
         try:
             await asyncio.wait_for(asyncio.shield(task), max(0.0, deadline - self.clock()))
         except TimeoutError:
@@ -172,8 +199,6 @@ class Fleet:
             raise Unavailable(
                 f"server '{name}' is not ready yet (state {state}); retry later", retry_after_s=5, state=state
             ) from None
-        finally:
-            self._waiting -= 1
 
     async def _bring_up(self, name: str) -> None:
         """Start `name` if it is a stopped on-demand server, then wait until the view shows it ready."""
@@ -225,7 +250,7 @@ class Fleet:
                 )
             for victim in decision.unload:
                 self.slots[victim].unloading = True
-            answer = await self.link.start(name, decision.unload)
+            answer = await self.daemon.start(name, decision.unload)
             if not answer.get("ok"):
                 raise Unavailable(f"server '{name}' cannot start: {answer.get('error')}")
             if not answer.get("already"):  # the daemon began this start (and these stops) for us
@@ -261,33 +286,3 @@ class Fleet:
 
     def _active_starts(self) -> set[str]:
         return {n for n, t in self._starts.items() if not t.done()}
-
-    async def _unload_idle(self) -> None:
-        ready = [
-            r for r in self.residents() if self.servers[r.name]["state"] == "ready" and not self.slots[r.name].unloading
-        ]
-        for name in admission.idle(ready, self.clock()):
-            self.slots[name].unloading = True
-            answer = await self.link.unload(name, "idle")
-            if not answer.get("ok"):
-                emit("gateway_unload_failed", "warning", server=name, error=answer.get("error"))
-            elif not answer.get("already"):
-                self.tally.unloaded(name, "idle")
-
-
-def routing_table(servers: dict[str, Any]) -> dict[str, str]:
-    """Model names clients may send: entry names, then aliases, then HF ids / model paths used by one entry only."""
-    routes = {name: name for name in servers}
-    for name, server in servers.items():
-        for alias in server.get("aliases") or ():
-            routes.setdefault(alias, name)
-    by_model: dict[str, list[str]] = {}
-    for name, server in servers.items():
-        model = server["model"]
-        ids = [model, os.path.basename(model.rstrip("/"))] if model.startswith("/") else [model]
-        for model_id in ids:
-            by_model.setdefault(model_id, []).append(name)
-    for model, names in by_model.items():
-        if len(names) == 1:
-            routes.setdefault(model, names[0])
-    return routes

@@ -20,12 +20,14 @@ from pathlib import Path
 from aiohttp import web
 
 from veloxd.config.sections import Dashboard
+from veloxd.daemon.client import DaemonClient
+from veloxd.daemon.control import DaemonUnreachable
 from veloxd.gateway.app import build_app
 from veloxd.gateway.connections import GatewayRunner, accept_failures
 from veloxd.gateway.fleet import Fleet
+from veloxd.gateway.idle import unload_when_idle
 from veloxd.gateway.limits import ConnectionLimits
-from veloxd.gateway.link import DaemonGone, DaemonLink
-from veloxd.web.monitor import DaemonClient, Monitor
+from veloxd.web.monitor import Monitor
 
 READY_PREFIX = "VELOXD_READY "
 FIRST_VIEW_TIMEOUT_S = 30.0
@@ -47,14 +49,15 @@ async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None)
             stop.set()  # EOF: the daemon died
 
         loop.add_reader(lifeline_fd, on_lifeline)
-    fleet = Fleet(DaemonLink(socket_path))
+    daemon = DaemonClient(socket=Path(socket_path))  # one client: the fleet's and the dashboard's
+    fleet = Fleet(daemon)
     try:
         await asyncio.wait_for(fleet.refresh(), FIRST_VIEW_TIMEOUT_S)
-    except (TimeoutError, DaemonGone) as err:
+    except (TimeoutError, DaemonUnreachable) as err:
         print(f"veloxd gateway: error: {err}", file=sys.stderr, flush=True)
         return 3
     sampling = Dashboard()  # the `dashboard:` block's defaults (the block itself is for the sidecar only)
-    monitor = Monitor(DaemonClient(socket=Path(socket_path)), sampling.interval_s, sampling.history)
+    monitor = Monitor(daemon, sampling.interval_s, sampling.history)
     app = build_app(fleet, monitor=monitor, host=host, port=port)
     runner = GatewayRunner(app, lambda: ConnectionLimits.of(fleet.settings), handler_cancellation=True, access_log=None)
     await runner.setup()
@@ -64,7 +67,7 @@ async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None)
         print(f"veloxd gateway: error: cannot bind {host}:{port} ({err.strerror or err})", file=sys.stderr, flush=True)
         await runner.cleanup()
         return 2
-    poller = asyncio.create_task(fleet.poll_forever())
+    tasks = [asyncio.create_task(fleet.follow_view()), asyncio.create_task(unload_when_idle(fleet))]
     shown = f"[{host}]" if ":" in host else host
     payload = {
         "schema_version": 1,
@@ -82,7 +85,8 @@ async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None)
     }
     print(READY_PREFIX + json.dumps(payload), flush=True)
     await stop.wait()
-    poller.cancel()
+    for task in tasks:
+        task.cancel()
     await runner.cleanup()
     return 0
 

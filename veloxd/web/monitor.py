@@ -5,7 +5,8 @@ One sample: the daemon's state (control socket `status`), each ready worker's re
 tree), and tokens per second from the counters' change since the previous sample. New log
 events arrive through the control socket's `events` command. Samples and events go to the
 subscribers of the live stream (server-sent events); the last `history` samples feed the charts.
-Everything runs on the web process's event loop; the blocking socket calls run in its executor.
+Everything runs on the web process's event loop, talking to the daemon through its async client
+(veloxd/daemon/client.py; in the gateway process, the one the gateway uses too).
 """
 
 from __future__ import annotations
@@ -17,35 +18,20 @@ import time
 from collections import deque
 from collections.abc import Callable
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import aiohttp
 import psutil
 
+from veloxd.daemon.client import DaemonClient
 from veloxd.daemon.console import summary_text
-from veloxd.daemon.control import DaemonUnreachable, request_at, socket_path_of
+from veloxd.daemon.control import DaemonUnreachable
 from veloxd.endpoints import connect_host
 from veloxd.serve.stats import STATS_PATH
 from veloxd.web.memory_view import memory_view
 
 LOG_KEEP = 2000  # events kept for the log tail of a newly opened page
 STATS_TIMEOUT_S = 2.0
-
-
-class DaemonClient:
-    """The control socket of one daemon, from async code: found from its state directory (`veloxd
-    web`), or at a known path (the gateway, which the daemon tells where its socket is)."""
-
-    def __init__(self, state_dir: Path | None = None, socket: Path | None = None) -> None:
-        self.state_dir = state_dir
-        self.socket = socket
-
-    async def ask(self, payload: dict[str, Any]) -> dict[str, Any]:
-        path = self.socket or (socket_path_of(self.state_dir) if self.state_dir is not None else None)
-        if path is None:
-            raise DaemonUnreachable(f"no veloxd daemon found: {self.state_dir} names no control socket")
-        return await asyncio.get_running_loop().run_in_executor(None, request_at, path, payload, 40.0)
 
 
 def resident_bytes(pid: int) -> int | None:
