@@ -211,8 +211,9 @@ def read_entry_document(text: str) -> dict[str, Any]:
     check_entry_document(document, source)
     settings = {key: document.get(key) for key in ENTRY_KEYS}
     for key, kinds in ENTRY_KEYS.items():  # 30 is a number too: as float as the flag would make it
-        if kinds[0] == "number" and isinstance(settings[key], int):
-            settings[key] = float(settings[key])
+        value = settings[key]
+        if kinds[0] == "number" and isinstance(value, int):
+            settings[key] = float(value)
     return settings
 
 
