@@ -18,6 +18,7 @@ from hypothesis import strategies as st
 from tests.serve.document_support import hand_flags, worker_options
 from tests.support import free_port, run_veloxd
 from veloxd import protocol
+from veloxd.cli import build_parser
 from veloxd.config.codec import WORKER_KEYS
 from veloxd.config.model import ServerEntry
 from veloxd.config.sections import Distributed, Limits, PromptCache, Sampling
@@ -158,6 +159,13 @@ def test_a_bad_document_exits_2_before_anything_loads() -> None:
     assert done.returncode == protocol.ExitCode.INVALID and done.stdout == "", done.stderr
     assert "veloxd serve: error: --entry-json: unknown key 'prot'; did you mean 'port'?" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_every_document_key_is_a_flag_of_veloxd_serve() -> None:
+    """The document's keys are the flags' dests: one vocabulary for the daemon and for people."""
+    dests = vars(build_parser().parse_args(["serve"]))
+    assert set(protocol.ENTRY_KEYS) - {"kv"} <= set(dests) and "kv_json" in dests
+    assert all(value is None for key, value in dests.items() if key in protocol.ENTRY_KEYS)  # given: not None
 
 
 def test_serve_help_describes_the_document() -> None:
