@@ -1,10 +1,12 @@
 """What the daemon and its workers (and later the gateway) agree on. Stdlib only.
 
 The contract, in one place:
-- **Command line.** The daemon runs `veloxd serve --model M --kv-json DOC ... --lifeline-fd N`.
-  DOC is one JSON object, `KVCacheConfig.to_dict()` (every KV-cache setting, defaults included),
-  or the path of a file holding it. The daemon never writes `--set` text; `--set FIELD=VALUE`
-  is for people running a worker by hand.
+- **Command line.** The daemon runs `veloxd serve --entry-json DOC --lifeline-fd N`. DOC is one
+  JSON object holding the whole entry (`ENTRY_KEYS`: the dests of `veloxd serve`'s flags, `kv`
+  being `KVCacheConfig.to_dict()` with every default included, and a `version`), or the path of a
+  file holding it. `entry_document` renders it and `read_entry_document` reads it; the worker takes
+  no other setting flag beside it. The hand-typed flags (`--model`, `--kv-json`, `--port`, ...) are
+  for people running a worker by hand; both roads meet in one validation (veloxd.serve.options).
 - **Environment.** The daemon adds `WORKER_ENV` to the entry's `env`: unbuffered output, so the
   READY line is not held back in a pipe buffer; and `STATE_DIR_ENV`, its state directory, where
   the worker keeps measured memory figures for the next start.
@@ -23,6 +25,7 @@ The contract, in one place:
 
 from __future__ import annotations
 
+import difflib
 import enum
 import json
 from pathlib import Path
@@ -31,6 +34,8 @@ from typing import Any, TypedDict
 READY_PREFIX = "VELOXD_READY "
 READY_SCHEMA_VERSION = 1
 KV_JSON_FLAG = "--kv-json"
+ENTRY_JSON_FLAG = "--entry-json"
+ENTRY_DOCUMENT_VERSION = 1
 LIFELINE_FLAG = "--lifeline-fd"
 LIFELINE_GRACE_S = 1.0  # after EOF on the lifeline, the worker is gone within this
 WORKER_ENV = {"PYTHONUNBUFFERED": "1"}
@@ -165,26 +170,106 @@ def group_kv_memory(figures: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-# ---- the KV document (--kv-json) ----------------------------------------------------------
-def kv_document(config: dict[str, Any]) -> str:
-    """`KVCacheConfig.to_dict()` as the one-line JSON text passed with --kv-json."""
-    return json.dumps(config, sort_keys=True, separators=(",", ":"))
+# ---- the entry document (--entry-json) -----------------------------------------------------
+# Every key of the worker's document, named as the `veloxd serve` flag it stands for (`port` is
+# --port, `limit_max_tokens` --limit-max-tokens, `kv` the object --kv-json takes), with the JSON
+# types it may hold. A key left out or null means the flag's default.
+ENTRY_KEYS: dict[str, tuple[str, ...]] = {
+    "model": ("string",),
+    "kv": ("object",),
+    "host": ("string", "null"),
+    "port": ("integer", "null"),
+    "adapter_path": ("string", "null"),
+    "max_tokens": ("integer", "null"),
+    "temp": ("number", "null"),
+    "top_p": ("number", "null"),
+    "prompt_cache_size": ("integer", "null"),
+    "prompt_cache_bytes": ("integer", "string", "null"),  # bytes, or a size like "2G"
+    "limit_max_tokens": ("integer", "null"),
+    "limit_max_prompt_tokens": ("integer", "null"),
+    "request_body_timeout": ("number", "null"),
+    "max_body_bytes": ("integer", "string", "null"),
+    "api_key_env": ("string", "null"),
+    "served_name": ("array", "null"),  # of strings: --served-name repeated
+    "distributed": ("string", "null"),
+}
+REQUIRED_ENTRY_KEYS = ("version", "model", "kv")
 
 
+def entry_document(settings: dict[str, Any]) -> str:
+    """The one-line JSON text passed with --entry-json: `settings` (keys of ENTRY_KEYS) and the
+    version. Checked as the worker reads it, so a document the daemon writes is one it accepts."""
+    document = {"version": ENTRY_DOCUMENT_VERSION, **settings}
+    check_entry_document(document, ENTRY_JSON_FLAG)
+    return json.dumps(document, sort_keys=True, separators=(",", ":"))
+
+
+def read_entry_document(text: str) -> dict[str, Any]:
+    """The settings of an --entry-json document (inline or a file): every key of ENTRY_KEYS, None
+    where the document leaves it out; ProtocolError naming the key otherwise."""
+    document, source = _json_object(text, ENTRY_JSON_FLAG, "the worker's settings")
+    check_entry_document(document, source)
+    settings = {key: document.get(key) for key in ENTRY_KEYS}
+    for key, kinds in ENTRY_KEYS.items():  # 30 is a number too: as float as the flag would make it
+        value = settings[key]
+        if kinds[0] == "number" and isinstance(value, int):
+            settings[key] = float(value)
+    return settings
+
+
+def check_entry_document(document: dict[str, Any], source: str) -> None:
+    """ProtocolError naming the first key that is unknown, missing or of the wrong type, or the version."""
+    unknown = sorted(set(document) - set(ENTRY_KEYS) - {"version"})
+    if unknown:
+        close = difflib.get_close_matches(unknown[0], ENTRY_KEYS, n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else f" (keys: version, {', '.join(ENTRY_KEYS)})"
+        raise ProtocolError(f"{source}: unknown key {unknown[0]!r}{hint}")
+    missing = [key for key in REQUIRED_ENTRY_KEYS if document.get(key) is None]
+    if missing:
+        raise ProtocolError(f"{source}: missing key {missing[0]!r} (required: {', '.join(REQUIRED_ENTRY_KEYS)})")
+    if document["version"] != ENTRY_DOCUMENT_VERSION:
+        raise ProtocolError(f"{source}: version {document['version']!r}; this veloxd reads {ENTRY_DOCUMENT_VERSION}")
+    for key, kinds in ENTRY_KEYS.items():
+        value = document.get(key)
+        if _json_kind(value) not in kinds and not (_json_kind(value) == "integer" and "number" in kinds):
+            raise ProtocolError(f"{source}: {key} must be {' or '.join(kinds)}, not {json.dumps(value)}")
+        if kinds[0] == "array" and value is not None and not all(isinstance(item, str) for item in value):
+            raise ProtocolError(f"{source}: {key} must be an array of strings, not {json.dumps(value)}")
+
+
+def _json_kind(value: Any) -> str:
+    """The JSON Schema type name of a decoded JSON value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):  # before int: True is an int to Python, not to JSON
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    kinds = {float: "number", str: "string", list: "array", dict: "object"}
+    return kinds.get(type(value), type(value).__name__)
+
+
+# ---- the KV document (--kv-json, by hand) --------------------------------------------------
 def read_kv_document(text: str) -> dict[str, Any]:
     """The JSON object given with --kv-json: inline (starts with '{' or '[') or the path of a file holding it."""
-    source = "--kv-json"
+    return _json_object(text, KV_JSON_FLAG, "KV-cache settings")[0]
+
+
+def _json_object(text: str, flag: str, what: str) -> tuple[dict[str, Any], str]:
+    """The JSON object `text` holds, inline (starts with '{' or '[') or in the file it names, and how to
+    name its source in an error ("--flag" or "--flag PATH")."""
+    source = flag
     if not text.lstrip().startswith(("{", "[")):
         path = Path(text).expanduser()
         try:
             text = path.read_text()
         except OSError as err:
-            raise ProtocolError(f"--kv-json {path}: cannot read ({err.strerror or err})") from None
-        source = f"--kv-json {path}"
+            raise ProtocolError(f"{flag} {path}: cannot read ({err.strerror or err})") from None
+        source = f"{flag} {path}"
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise ProtocolError(f"{source}: not JSON ({err})") from None
     if not isinstance(data, dict):
-        raise ProtocolError(f"{source}: expected a JSON object of KV-cache settings, not {type(data).__name__}")
-    return data
+        raise ProtocolError(f"{source}: expected a JSON object of {what}, not {type(data).__name__}")
+    return data, source

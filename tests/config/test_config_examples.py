@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import shutil
 from pathlib import Path
@@ -10,6 +11,9 @@ import jsonschema
 import pytest
 import yaml
 
+from tests.serve.document_support import hand_flags, worker_options
+from tests.support import free_port
+from veloxd import protocol
 from veloxd.config import load_config
 from veloxd.kv import registry
 
@@ -41,7 +45,31 @@ def test_config_file_is_valid(path: Path, configs_copy: Path) -> None:
     config = load_config(configs_copy / path.relative_to(REPO / "configs"))
     assert config.servers
     for entry in config.servers.values():
-        assert entry.method in registry.names() and entry.serve_argv()[:2] == ["--model", entry.model]
+        argv = entry.serve_argv()
+        assert entry.method in registry.names() and argv[0] == protocol.ENTRY_JSON_FLAG
+        assert protocol.read_entry_document(argv[1])["model"] == entry.model
+
+
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.relative_to(REPO / "configs").as_posix())
+def test_each_entry_reaches_its_worker_as_the_same_flags_by_hand_would(
+    path: Path, configs_copy: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """entry -> document -> ServeOptions equals entry -> hand-typed flags -> ServeOptions."""
+    config = load_config(configs_copy / path.relative_to(REPO / "configs"))
+    port = free_port()  # the worker checks its port is free: one no other test holds
+    for entry in config.servers.values():
+        entry = dataclasses.replace(entry, port=port)
+        if entry.api_key_env:
+            monkeypatch.setenv(entry.api_key_env, "token")
+        document = entry.serve_argv()
+        from_document = worker_options(*document)
+        assert from_document == worker_options(*hand_flags(protocol.read_entry_document(document[1])))
+        assert (from_document.model, from_document.kv, from_document.port) == (entry.model, entry.kv, port)
+        assert (from_document.temp, from_document.limits.max_body_bytes) == (
+            entry.sampling.temp,
+            entry.limits.max_body_bytes,
+        )
+        assert from_document.served_names == (entry.name,)
 
 
 @pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.relative_to(REPO / "configs").as_posix())

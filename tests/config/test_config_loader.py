@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.config_support import FIELD_CASES, VALID, entry, issues, model_dir, write_config
+from veloxd import protocol
 from veloxd.config import ConfigError, ServerEntry, inspect_config, load_config
 from veloxd.kv.config import KVCacheConfig
 
@@ -275,38 +276,28 @@ def test_serve_argv_and_restart_keys(tmp_path: Path) -> None:
     coder: ServerEntry = load_config(write_config(tmp_path, text, dedent=False)).servers["coder"]
     model = str(tmp_path / "model")
     argv = coder.serve_argv()
-    assert argv == [
-        "--model",
-        model,
-        "--kv-json",
-        argv[3],
-        "--host",
-        "127.0.0.1",
-        "--port",
-        "8081",
-        "--adapter-path",
-        model,
-        "--max-tokens",
-        "512",
-        "--temp",
-        "0.2",
-        "--top-p",
-        "1.0",
-        "--prompt-cache-size",
-        "10",
-        "--prompt-cache-bytes",
-        "2000000000",
-        "--request-body-timeout",
-        "30.0",
-        "--max-body-bytes",
-        str(32 * 2**20),
-        "--api-key-env",
-        "TOKEN",
-        "--served-name",
-        "coder",
-    ]
-    assert json.loads(argv[3]) == coder.kv.to_dict()
-    assert json.loads(argv[3])["bits"] == 8 and json.loads(argv[3])["affine_rotate"] is False
+    assert argv[0] == protocol.ENTRY_JSON_FLAG and len(argv) == 2
+    assert json.loads(argv[1]) == {
+        "version": 1,
+        "model": model,
+        "kv": coder.kv.to_dict(),
+        "host": "127.0.0.1",
+        "port": 8081,
+        "adapter_path": model,
+        "max_tokens": 512,
+        "temp": 0.2,
+        "top_p": 1.0,
+        "prompt_cache_size": 10,
+        "prompt_cache_bytes": 2_000_000_000,
+        "limit_max_tokens": None,
+        "limit_max_prompt_tokens": None,
+        "request_body_timeout": 30.0,
+        "max_body_bytes": 32 * 2**20,
+        "api_key_env": "TOKEN",
+        "served_name": ["coder"],
+        "distributed": None,
+    }
+    assert json.loads(argv[1])["kv"]["bits"] == 8 and json.loads(argv[1])["kv"]["affine_rotate"] is False
     key = coder.process_key()
     assert key["overrides.affine_rotate"] is False and key["env.A"] == "b" and key["port"] == 8081
     assert "description" not in key and "restart.max_failures" not in key
@@ -336,10 +327,9 @@ def test_the_worker_gets_one_json_document_never_set_text(tmp_path: Path) -> Non
     )
     entry_ = load_config(write_config(tmp_path, text, dedent=False)).servers["coder"]
     argv = entry_.serve_argv()
-    assert not {"--set", "--method", "--bits", "--seed"} & set(argv)
-    document = json.loads(argv[argv.index("--kv-json") + 1])
-    assert document == entry_.kv.to_dict() and document["h2o_budget"] == 512
-    assert KVCacheConfig.from_dict(document) == entry_.kv
-    flags = dict(zip(argv[::2], argv[1::2]))
-    assert (flags["--limit-max-tokens"], flags["--limit-max-prompt-tokens"]) == ("4096", "2048")
-    assert flags["--max-body-bytes"] == "2000000"
+    assert not {"--set", "--method", "--bits", "--seed", "--kv-json"} & set(argv)
+    document = protocol.read_entry_document(argv[argv.index(protocol.ENTRY_JSON_FLAG) + 1])
+    assert document["kv"] == entry_.kv.to_dict() and document["kv"]["h2o_budget"] == 512
+    assert KVCacheConfig.from_dict(document["kv"]) == entry_.kv
+    assert (document["limit_max_tokens"], document["limit_max_prompt_tokens"]) == (4096, 2048)
+    assert document["max_body_bytes"] == 2_000_000

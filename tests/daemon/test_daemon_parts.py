@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import free_port, wait_until
+from veloxd import protocol
 from veloxd.daemon.logs import FIXED_KEYS
 from veloxd.daemon.probe import health_ok
 from veloxd.daemon.process import Child, Lifeline, describe_exit, is_same_process, process_start_time
@@ -174,10 +175,8 @@ def test_worker_exits_when_the_lifeline_closes(tmp_path: Path) -> None:
     argv = [
         sys.executable,
         str(FAKE_WORKER),
-        "--model",
-        "m",
-        "--port",
-        str(port),
+        protocol.ENTRY_JSON_FLAG,
+        protocol.entry_document({"model": "m", "kv": {"method": "affine"}, "port": port}),
         "--lifeline-fd",
         str(lifeline.read_fd),
     ]

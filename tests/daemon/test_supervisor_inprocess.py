@@ -8,7 +8,6 @@ are exercised in microseconds and exactly.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import threading
@@ -290,7 +289,7 @@ def test_reload_restarts_only_the_changed_entry_after_its_old_worker_exits(super
     assert not supervisor.busy
     assert len(spawner.children) == 3
     name, _, new_b = spawner.children[-1]
-    assert name == "b" and json.loads(new_b.argv[new_b.argv.index("--kv-json") + 1])["method"] == "kivi"
+    assert name == "b" and protocol.read_entry_document(new_b.argv[-1])["kv"]["method"] == "kivi"
     assert supervisor.servers["a"].child is child_a and supervisor.servers["a"].state is S.READY
 
 

@@ -10,6 +10,7 @@ import pytest
 
 from tests.config_support import entry, issues, only_issue, write_config
 from tests.support import run_veloxd
+from veloxd import protocol
 from veloxd.config import inspect_config
 from veloxd.config.model import ServerEntry
 from veloxd.config.plan import diff
@@ -153,7 +154,9 @@ def test_group_argv_runs_mlx_launcher_with_the_rank_command(tmp_path: Path) -> N
         assert launcher[launcher.index(flag) + 1] == value
     assert "A=b" in launcher and "PYTHONUNBUFFERED=1" in launcher
     assert ranks[:4] == ["/opt/py/bin/python", "-m", "veloxd", "serve"]
-    assert ranks[-4:] == ["--distributed", "tensor", "--lifeline-fd", "0"]
+    assert ranks[4:] == [protocol.ENTRY_JSON_FLAG, ranks[5], protocol.LIFELINE_FLAG, "0"]
+    document = protocol.read_entry_document(ranks[5])
+    assert (document["distributed"], document["served_name"]) == ("tensor", ["coder"])
 
 
 def test_rank_tags_round_trip() -> None:

@@ -1,8 +1,10 @@
 """One rule per value, one document per worker: what the daemon writes is what the worker reads.
 
-The daemon builds a worker's argv from a veloxd.yaml entry (`ServerEntry.serve_argv`); the worker
-parses it with its own flags (`build_options`). These tests parse the daemon's argv exactly as
-`veloxd serve` does and compare what each side ends up with. No model is loaded.
+The daemon gives a worker its veloxd.yaml entry as one JSON document (`ServerEntry.serve_argv`:
+--entry-json); the worker reads it through the same validation as the hand-typed flags
+(`build_options`). These tests parse the daemon's argv exactly as `veloxd serve` does and compare
+what each side ends up with. No model is loaded. (The entry document's own tests:
+test_serve_entry_document.py.)
 """
 
 from __future__ import annotations
@@ -13,19 +15,14 @@ from pathlib import Path
 import pytest
 
 from tests.config_support import entry, write_config
+from tests.serve.document_support import worker_options
 from veloxd import protocol
 from veloxd.checks import parse_size
-from veloxd.cli import build_parser
 from veloxd.config import load_config
 from veloxd.kv import registry
 from veloxd.kv.config import KVCacheConfig, field_named, override_fields_for
-from veloxd.serve.options import build_options
 
 SHIPPED = Path(__file__).resolve().parents[2] / "veloxd" / "assets" / "tiny-llama"
-
-
-def worker_options(*argv: str):
-    return build_options(build_parser().parse_args(["serve", *argv]))
 
 
 def test_2G_means_the_same_bytes_in_veloxd_yaml_and_on_the_worker_command_line(tmp_path: Path) -> None:
@@ -65,7 +62,7 @@ def test_the_one_unit_rule(text: str, expected: int) -> None:
 
 @pytest.mark.parametrize("method", registry.names())
 def test_the_worker_runs_exactly_the_kv_config_of_the_entry(tmp_path: Path, method: str) -> None:
-    """Every method with non-default settings: --kv-json carries them all, nothing is re-derived."""
+    """Every method with non-default settings: the document's kv carries them all, nothing is re-derived."""
     overrides: dict[str, object] = {}
     for name in override_fields_for(method):  # a non-default value for every setting with choices
         f = field_named(name)
@@ -90,7 +87,7 @@ def test_the_worker_runs_exactly_the_kv_config_of_the_entry(tmp_path: Path, meth
 
 def test_kv_json_also_reads_a_file(tmp_path: Path) -> None:
     document = tmp_path / "kv.json"
-    document.write_text(protocol.kv_document(KVCacheConfig("kivi", bits=2).to_dict()))
+    document.write_text(json.dumps(KVCacheConfig("kivi", bits=2).to_dict()))
     options = worker_options("--model", str(SHIPPED), "--port", "1", "--kv-json", str(document))
     assert options.kv == KVCacheConfig("kivi", bits=2)
 

@@ -9,6 +9,20 @@ import sys
 from veloxd import protocol
 from veloxd.kv import registry
 from veloxd.kv.config import override_fields_for
+from veloxd.serve.limits import RequestLimits
+from veloxd.serve.options import PARALLELISMS, ServeOptions
+
+
+def document_help() -> str:
+    """The --entry-json document, described from protocol.ENTRY_KEYS (one list of keys)."""
+    keys = ", ".join(f"{key} ({'|'.join(kinds)})" for key, kinds in protocol.ENTRY_KEYS.items())
+    return (
+        f"{protocol.ENTRY_JSON_FLAG} document: one JSON object, the daemon's way to pass a whole entry. "
+        f'Keys: "version": {protocol.ENTRY_DOCUMENT_VERSION}, then each flag above by its name with "_" for "-" '
+        f"(the value as the flag takes it; kv is the --kv-json object, served_name a list): {keys}. "
+        f"Required: {', '.join(protocol.REQUIRED_ENTRY_KEYS)}; a key left out or null takes the flag's default. "
+        f'Example: \'{{"version": 1, "model": "./m", "kv": {{"method": "kivi", "bits": 2}}, "port": 8081}}\''
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -20,15 +34,16 @@ def register(sub: argparse._SubParsersAction) -> None:
         "KV cache. Invalid flags exit 2 before the model loads. Prints one line "
         f"'{protocol.READY_PREFIX}{{json}}' on stdout once the model is loaded and the cache wired. "
         "KV settings come from --method/--bits/--seed/--set (by hand) or from one JSON document, "
-        "--kv-json (what the daemon passes). Sizes: K/M/G decimal, Ki/Mi/Gi binary.",
-        epilog=f"--set fields per method: {fields}",
+        "--kv-json. The daemon passes everything as one JSON document, --entry-json (described below). Sizes: K/M/G decimal, Ki/Mi/Gi binary.",
+        epilog=f"--set fields per method: {fields}. {document_help()}",
     )
-    p.add_argument("--model", required=True, help="local model directory or Hugging Face id")
+    p.add_argument("--model", help="local model directory or Hugging Face id (required, unless --entry-json)")
     p.add_argument("--method", help=f"KV-cache method: {', '.join(registry.names())} (default affine)")
     p.add_argument("--bits", type=int, help="bits per element (valid values depend on the method)")
     p.add_argument("--seed", type=int, help="seed for rotations and sketches (methods that use one)")
-    p.add_argument("--host", default="127.0.0.1", help="bind address (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8080, help="port (default 8080)")
+    # Every setting flag defaults to None (ServeOptions holds the defaults): given means not None.
+    p.add_argument("--host", help=f"bind address (default {ServeOptions.host})")
+    p.add_argument("--port", type=int, help=f"port (default {ServeOptions.port})")
     p.add_argument("--adapter-path", help="LoRA adapter directory")
     p.add_argument("--max-tokens", type=int, help="default max tokens per completion")
     p.add_argument("--temp", type=float, help="default sampling temperature")
@@ -60,9 +75,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--request-body-timeout",
         type=float,
-        default=30.0,
         metavar="S",
-        help="seconds a client has to send its request body (slower: 408) and, in total, its headers (default 30)",
+        help="seconds a client has to send its request body (slower: 408) and, in total, its headers "
+        f"(default {RequestLimits.body_timeout_s:g})",
     )
     p.add_argument(
         "--max-body-bytes", metavar="SIZE", help="largest request body, e.g. 32Mi; larger ones get 413 (default 32Mi)"
@@ -72,7 +87,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument(
         "--distributed",
-        choices=("tensor", "pipeline"),
+        choices=PARALLELISMS,
         help="serve one rank of a sharded model; run under mlx.launch (veloxd starts it for a "
         "`distributed:` entry): rank 0 serves HTTP, the others follow it",
     )
@@ -81,6 +96,12 @@ def register(sub: argparse._SubParsersAction) -> None:
         action="append",
         metavar="NAME",
         help="another model name requests may use; responses then name it (repeatable)",
+    )
+    p.add_argument(
+        protocol.ENTRY_JSON_FLAG,
+        metavar="JSON|FILE",
+        help="every setting as one JSON document, inline or a file holding it (what the daemon passes; "
+        "keys below); no other flag but the daemon's lifeline may be given with it",
     )
     p.add_argument(protocol.LIFELINE_FLAG, type=int, help=argparse.SUPPRESS)  # the daemon's pipe: EOF means it died
     p.set_defaults(func=run)

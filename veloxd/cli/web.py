@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from veloxd import paths
 from veloxd.cli.daemon import state_dir_arg
@@ -29,14 +30,5 @@ def run(args: argparse.Namespace) -> int:
     from veloxd.web.main import WebOptions, main
 
     state_dir = (args.state_dir or paths.default_state_dir()).expanduser().absolute()
-    return main(
-        WebOptions(
-            state_dir=state_dir,
-            host=args.host,
-            port=args.port,
-            interval_s=args.interval_s,
-            history=args.history,
-            api_key_env=args.api_key_env,
-            lifeline_fd=args.lifeline_fd,
-        )
-    )
+    flags = {f.name: getattr(args, f.name) for f in dataclasses.fields(WebOptions) if f.name != "state_dir"}
+    return main(WebOptions(state_dir=state_dir, **flags))  # every other field is the flag of its name

@@ -1,4 +1,5 @@
-"""Typed entries and sections <-> YAML-shaped plain data, and the flat keys a restart is judged by.
+"""Typed entries and sections <-> YAML-shaped plain data, the flat keys a restart is judged by, and
+the settings an entry's worker is given (its --entry-json document).
 
 Generic over the dataclasses that declare YAML fields (veloxd.config.keys): `ServerEntry` calls
 these for its own `to_dict`, `from_dict`, `process_key` and `live_key`, so this module never
@@ -66,6 +67,36 @@ def flat_keys(entry: Any, *, live: bool) -> dict[str, Any]:
         else:
             out[f.name] = value
     return out
+
+
+# The worker document's keys (veloxd.protocol.ENTRY_KEYS, `veloxd serve`'s flag dests) by the
+# entry's flat key (`flat_keys`, the names `process_key` uses) each is read from; `kv` and
+# `served_name` (the entry's name, under which the gateway forwards) are added by worker_settings.
+# A restart key missing here reaches the worker another way (its environment, MLX's launcher).
+WORKER_KEYS = {
+    "model": "model",
+    "host": "host",
+    "port": "port",
+    "adapter_path": "adapter_path",
+    "max_tokens": "sampling.max_tokens",
+    "temp": "sampling.temp",
+    "top_p": "sampling.top_p",
+    "prompt_cache_size": "prompt_cache.size",
+    "prompt_cache_bytes": "prompt_cache.bytes",
+    "limit_max_tokens": "limits.max_tokens",
+    "limit_max_prompt_tokens": "limits.max_prompt_tokens",
+    "request_body_timeout": "limits.request_body_timeout_s",
+    "max_body_bytes": "limits.max_body_bytes",
+    "api_key_env": "api_key_env",
+    "distributed": "distributed.parallelism",  # absent (null) for a single worker
+}
+
+
+def worker_settings(entry: Any) -> dict[str, Any]:
+    """What the entry's worker is told, by document key (veloxd.protocol.entry_document renders it)."""
+    flat = flat_keys(entry, live=False)
+    settings = {key: flat.get(path) for key, path in WORKER_KEYS.items()}
+    return {**settings, "kv": entry.kv.to_dict(), "served_name": [entry.name]}
 
 
 def section_from_dict(cls: type, data: Mapping[str, Any]) -> Any:

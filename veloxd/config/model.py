@@ -1,7 +1,7 @@
 """The typed config: frozen dataclasses holding every default and key description (the schema reads them).
 
 A server entry's nested blocks are in veloxd.config.sections, the key declarations they all use in
-veloxd.config.keys. An entry builds its worker's command line itself (`serve_argv`); what a
+veloxd.config.keys. An entry builds its worker's command line itself (`serve_argv`: one document); what a
 restart depends on (`process_key`) and the entry's plain-data form come from veloxd.config.codec,
 the whole file's round trip (the daemon's state file) from veloxd.config.roundtrip.
 """
@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
 from veloxd import protocol
-from veloxd.config.codec import entry_from_dict, entry_to_dict, flat_keys
+from veloxd.config.codec import entry_from_dict, entry_to_dict, flat_keys, worker_settings
 from veloxd.config.gateway import ASSIGNED_PORTS
 from veloxd.config.keys import API_KEY_ENV_SCHEMA, ENV_SCHEMA, HOST_SCHEMA, key, section
 from veloxd.config.sections import Dashboard, Distributed, Health, Limits, PromptCache, RestartPolicy, Sampling
@@ -153,25 +153,8 @@ class ServerEntry:
         return self.kv.method
 
     def serve_argv(self) -> list[str]:
-        """The flags of `veloxd serve` that run this entry (without the program name)."""
-        s, pc, lim = self.sampling, self.prompt_cache, self.limits
-        argv = ["--model", self.model, protocol.KV_JSON_FLAG, protocol.kv_document(self.kv.to_dict())]
-        argv += ["--host", self.host, "--port", str(self.port)]
-        if self.adapter_path:
-            argv += ["--adapter-path", self.adapter_path]
-        argv += ["--max-tokens", str(s.max_tokens), "--temp", str(s.temp), "--top-p", str(s.top_p)]
-        argv += ["--prompt-cache-size", str(pc.size)]
-        if pc.bytes is not None:
-            argv += ["--prompt-cache-bytes", str(pc.bytes)]
-        if lim.max_tokens is not None:
-            argv += ["--limit-max-tokens", str(lim.max_tokens)]
-        if lim.max_prompt_tokens is not None:
-            argv += ["--limit-max-prompt-tokens", str(lim.max_prompt_tokens)]
-        argv += ["--request-body-timeout", str(lim.request_body_timeout_s), "--max-body-bytes", str(lim.max_body_bytes)]
-        if self.api_key_env:
-            argv += ["--api-key-env", self.api_key_env]
-        argv += ["--served-name", self.name]  # the gateway forwards requests under the entry's name
-        return argv
+        """The settings of `veloxd serve` that run this entry: one JSON document (veloxd.protocol)."""
+        return [protocol.ENTRY_JSON_FLAG, protocol.entry_document(worker_settings(self))]
 
     def process_key(self) -> dict[str, Any]:
         """Flat `{key: value}` of everything whose change needs a restart (JSON-serialisable)."""

@@ -2,7 +2,8 @@
 
 The daemon spawns ONE process per entry, as for any other entry: `python -m
 veloxd.distributed.launcher` with MLX's launcher flags, then `--`, then the rank command
-(`veloxd serve ... --distributed tensor --lifeline-fd 0`) that MLX's launcher starts on every host.
+(`veloxd serve --entry-json DOC --lifeline-fd 0`, DOC naming the parallelism as `distributed`) that
+MLX's launcher starts on every host.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 from veloxd.distributed.hostfile import parse_hostfile
 from veloxd.distributed.rank_lines import split_rank
 from veloxd.launch import module_argv
+from veloxd.protocol import LIFELINE_FLAG
 
 __all__ = ["describe", "group_argv", "group_status", "rank_count", "split_rank"]
 
@@ -72,7 +74,7 @@ def group_argv(entry: Any, worker_command: Sequence[str], lifeline_fd: int) -> l
     rank_command = list(worker_command)
     if block.python is not None:
         rank_command[0] = block.python
-    rank_command += [*entry.serve_argv(), "--distributed", block.parallelism, "--lifeline-fd", "0"]
+    rank_command += [*entry.serve_argv(), LIFELINE_FLAG, "0"]  # the document says --distributed
     argv = module_argv(
         "veloxd.distributed.launcher",
         "--lifeline-fd",

@@ -1,4 +1,5 @@
-"""Turn `veloxd serve` flags into validated `ServeOptions`, before anything heavy is imported.
+"""Turn `veloxd serve`'s settings (the --entry-json document, or the hand-typed flags) into validated
+`ServeOptions`, before anything heavy is imported.
 
 Every mistake here is a `UsageError` naming the culprit (exit 2, well under a second, before
 the model loads). No mlx import.
@@ -8,7 +9,8 @@ from __future__ import annotations
 
 import os
 import socket
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +57,14 @@ class ServeOptions:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
 
 
+PARALLELISMS = ("tensor", "pipeline")  # --distributed: how a group shares the model
+# The document keys (flag dests) that are ServeOptions fields of the same name and meaning; the
+# others are converted (kv, sizes) or grouped (limits) by build_options.
+SAME_NAMED = tuple(
+    f.name for f in fields(ServeOptions) if f.name in protocol.ENTRY_KEYS and f.name not in ("kv", "prompt_cache_bytes")
+)
+
+
 def parse_overrides(items: list[str], method: str) -> dict[str, Any]:
     """`--set FIELD=VALUE` items → typed values; strict about names and relevance."""
     overrides: dict[str, Any] = {}
@@ -81,14 +91,14 @@ def parse_overrides(items: list[str], method: str) -> dict[str, Any]:
     return overrides
 
 
-def size_flag(flag: str, text: str | None) -> int | None:
-    """A size flag under veloxd's one unit rule (veloxd.checks: 2G = 2,000,000,000; 2Gi = 2**31)."""
-    if text is None:
+def size_flag(flag: str, value: str | int | None) -> int | None:
+    """A size under veloxd's one unit rule (veloxd.checks: 2G = 2,000,000,000; 2Gi = 2**31)."""
+    if value is None:
         return None
     try:
-        return parse_size(int(text) if text.strip().isdigit() else text)
+        return parse_size(int(value) if isinstance(value, str) and value.strip().isdigit() else value)
     except ValueError:
-        raise UsageError(f"{flag} {text!r}: expected {SIZE_HELP}") from None
+        raise UsageError(f"{flag} {value!r}: expected {SIZE_HELP}") from None
 
 
 def check_model(model: str, flag: str = "--model") -> None:
@@ -150,69 +160,107 @@ def check_port_free(host: str, port: int) -> None:
             raise PortInUse(f"--port {port}: port {port} on {host} is already in use ({err.strerror})") from None
 
 
-def build_options(args: Any) -> ServeOptions:
-    """Validate parsed argparse flags; raises UsageError."""
-    kv = kv_config(args)
-    info = registry.get(kv.method)
-    check_model(args.model)
-    if args.adapter_path and not Path(args.adapter_path).expanduser().is_dir():
-        raise UsageError(f"--adapter-path {args.adapter_path}: no such directory")
-    problem = host_problem(args.host)
-    if problem:
-        raise UsageError(f"--host {problem}")
-    if not 1 <= args.port <= 65535:
-        raise UsageError(f"--port {args.port}: must be between 1 and 65535")
-    for flag, value, low in (
-        ("--max-tokens", args.max_tokens, 1),
-        ("--prompt-cache-size", args.prompt_cache_size, 0),
-        ("--limit-max-tokens", args.limit_max_tokens, 1),
-        ("--limit-max-prompt-tokens", args.limit_max_prompt_tokens, 1),
+def flag_name(key: str) -> str:
+    """The `veloxd serve` flag of a document key (veloxd.protocol.ENTRY_KEYS are the flags' dests)."""
+    return protocol.KV_JSON_FLAG if key == "kv" else "--" + key.replace("_", "-")
+
+
+def document_name(key: str) -> str:
+    return f"{protocol.ENTRY_JSON_FLAG} {key}"
+
+
+def given_flags(args: Any) -> list[str]:
+    """The setting flags given on the command line (every setting flag defaults to None)."""
+    hand_kv = {"method": args.method, "bits": args.bits, "seed": args.seed, "set": args.set, "kv": args.kv_json}
+    values = {key: getattr(args, key) for key in protocol.ENTRY_KEYS if key != "kv"} | hand_kv
+    return [flag_name(key) for key, value in values.items() if value not in (None, [])]
+
+
+def settings_and_kv(args: Any) -> tuple[dict[str, Any], KVCacheConfig, Callable[[str], str]]:
+    """The worker's settings by document key (None: the default), its KV config, and how an error
+    names a key: from the --entry-json document, or from the hand-typed flags."""
+    if args.entry_json is None:
+        if args.model is None:
+            raise UsageError(f"--model is required (or every setting as one document, {protocol.ENTRY_JSON_FLAG})")
+        return {key: getattr(args, key) for key in protocol.ENTRY_KEYS if key != "kv"}, kv_config(args), flag_name
+    others = given_flags(args)
+    if others:
+        raise UsageError(f"{protocol.ENTRY_JSON_FLAG} holds every setting: drop {', '.join(others)}")
+    try:
+        settings = protocol.read_entry_document(args.entry_json)
+        kv = KVCacheConfig.from_dict(settings["kv"])
+    except protocol.ProtocolError as err:
+        raise UsageError(str(err)) from None
+    except KVConfigError as err:
+        raise UsageError(f"{document_name('kv')}: {err.field}: {err.message}") from None
+    return settings, kv, document_name
+
+
+def check_settings(settings: dict[str, Any], name: Callable[[str], str]) -> None:
+    """Each setting within its bounds (None: not given, the default applies); UsageError naming it."""
+    check_model(settings["model"], name("model"))
+    if settings["adapter_path"] and not Path(settings["adapter_path"]).expanduser().is_dir():
+        raise UsageError(f"{name('adapter_path')} {settings['adapter_path']}: no such directory")
+    if settings["host"] is not None and (problem := host_problem(settings["host"])):
+        raise UsageError(f"{name('host')} {problem}")
+    for key, low, high in (
+        ("port", 1, 65535),
+        ("max_tokens", 1, None),
+        ("prompt_cache_size", 0, None),
+        ("limit_max_tokens", 1, None),
+        ("limit_max_prompt_tokens", 1, None),
+        ("temp", 0, None),
+        ("top_p", 0, 1),
     ):
-        if value is not None and value < low:
-            raise UsageError(f"{flag} {value}: must be >= {low}")
-    if args.temp is not None and args.temp < 0:
-        raise UsageError(f"--temp {args.temp}: must be >= 0")
-    if args.top_p is not None and not 0 <= args.top_p <= 1:
-        raise UsageError(f"--top-p {args.top_p}: must be between 0 and 1")
-    if args.api_key_env and not os.environ.get(args.api_key_env):
-        raise UsageError(f"--api-key-env {args.api_key_env}: that environment variable is not set or empty")
-    if args.request_body_timeout <= 0:
-        raise UsageError(f"--request-body-timeout {args.request_body_timeout}: must be > 0 seconds")
-    cache_bytes = size_flag("--prompt-cache-bytes", args.prompt_cache_bytes)
-    limits = RequestLimits(
-        max_tokens=args.limit_max_tokens,
-        max_prompt_tokens=args.limit_max_prompt_tokens,
-        body_timeout_s=args.request_body_timeout,
-        max_body_bytes=size_flag("--max-body-bytes", args.max_body_bytes) or RequestLimits.max_body_bytes,
-    )
-    distributed = getattr(args, "distributed", None)
-    if distributed is None or os.environ.get("MLX_RANK", "0") == "0":  # only rank 0 binds the port
-        check_port_free(args.host, args.port)
-    return ServeOptions(
-        model=args.model,
+        value = settings[key]
+        if value is not None and not (low <= value and (high is None or value <= high)):
+            bound = f"must be >= {low}" if high is None else f"must be between {low} and {high}"
+            raise UsageError(f"{name(key)} {value}: {bound}")
+    api_key_env = settings["api_key_env"]
+    if api_key_env and not os.environ.get(api_key_env):
+        raise UsageError(f"{name('api_key_env')} {api_key_env}: that environment variable is not set or empty")
+    timeout = settings["request_body_timeout"]
+    if timeout is not None and timeout <= 0:
+        raise UsageError(f"{name('request_body_timeout')} {timeout}: must be > 0 seconds")
+    if settings["distributed"] not in (None, *PARALLELISMS):
+        raise UsageError(f"{name('distributed')} {settings['distributed']!r}: choose one of {', '.join(PARALLELISMS)}")
+    if settings["distributed"] is not None and settings["adapter_path"]:  # as the config refuses it
+        raise UsageError(
+            f"{name('adapter_path')}: mlx_lm loads no LoRA adapter on a sharded model ({name('distributed')})"
+        )
+
+
+def build_options(args: Any) -> ServeOptions:
+    """Validate the parsed flags of `veloxd serve`, the --entry-json document or the hand-typed
+    flags (one set of checks for both); raises UsageError naming the flag or the document key."""
+    settings, kv, name = settings_and_kv(args)
+    check_settings(settings, name)
+    limits = {
+        "max_tokens": settings["limit_max_tokens"],
+        "max_prompt_tokens": settings["limit_max_prompt_tokens"],
+        "body_timeout_s": settings["request_body_timeout"],
+        "max_body_bytes": size_flag(name("max_body_bytes"), settings["max_body_bytes"]),
+    }
+    same_named = {key: settings[key] for key in SAME_NAMED}  # model, host, port, sampling, ...
+    options = ServeOptions(
+        **{key: value for key, value in same_named.items() if value is not None},  # None: the field's default
         kv=kv,
-        host=args.host,
-        port=args.port,
-        adapter_path=args.adapter_path,
-        max_tokens=args.max_tokens,
-        temp=args.temp,
-        top_p=args.top_p,
-        prompt_cache_size=args.prompt_cache_size,
-        prompt_cache_bytes=cache_bytes,
-        api_key_env=args.api_key_env,
-        limits=limits,
+        prompt_cache_bytes=size_flag(name("prompt_cache_bytes"), settings["prompt_cache_bytes"]),
+        limits=RequestLimits(**{key: value for key, value in limits.items() if value is not None}),
         lifeline_fd=args.lifeline_fd,
-        distributed=distributed,
-        served_names=tuple(getattr(args, "served_name", None) or ()),
-        warnings=tuple(_warnings(args, info, cache_bytes)),
+        served_names=tuple(settings["served_name"] or ()),
     )
+    if options.distributed is None or os.environ.get("MLX_RANK", "0") == "0":  # only rank 0 binds the port
+        check_port_free(options.host, options.port)
+    return replace(options, warnings=tuple(_warnings(options)))
 
 
-def _warnings(args: Any, info: registry.MethodInfo, cache_bytes: int | None) -> list[str]:
+def _warnings(options: ServeOptions) -> list[str]:
     found = []
-    if not is_loopback(args.host):
-        auth = "bearer-token auth via --api-key-env" if args.api_key_env else "NO authentication"
-        found.append(f"bound to {args.host}: reachable from the network, {auth}")
+    info = options.info
+    if not is_loopback(options.host):
+        auth = "bearer-token auth via --api-key-env" if options.api_key_env else "NO authentication"
+        found.append(f"bound to {options.host}: reachable from the network, {auth}")
     if info.trimmable != "yes":
         found.append(
             f"method {info.name} cannot trim its cache once it has evicted tokens: "
@@ -220,7 +268,7 @@ def _warnings(args: Any, info: registry.MethodInfo, cache_bytes: int | None) -> 
         )
     if not info.batchable:
         found.append(f"method {info.name} does not batch: requests are served one at a time")
-        if cache_bytes is not None:
+        if options.prompt_cache_bytes is not None:
             found.append(
                 "--prompt-cache-bytes will not apply: mlx_lm 0.32 enforces the byte bound only on its "
                 "batched path, and this method is served unbatched (--prompt-cache-size still applies)"

@@ -9,6 +9,7 @@ the worker is gone within about STOP_JOIN_S even in the middle of a prefill.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import os
 import signal
@@ -26,6 +27,7 @@ from veloxd.serve import figures, preflight
 from veloxd.serve.lifeline import Stopper
 from veloxd.serve.limits import EffectiveLimits
 from veloxd.serve.mlx_compat import (
+    UPSTREAM_DEFAULTS,
     PinnedProvider,
     ServerHandle,
     check_version,
@@ -120,19 +122,10 @@ def stop_on_wiring_failure(stopper: Stopper, model_id: str, method: str) -> Iter
 
 
 def mlx_server_args(options: ServeOptions, **extra: Any) -> argparse.Namespace:
-    """mlx_lm's server namespace for these options: the model, the address, the sampling and
-    prompt-cache defaults, and `extra`."""
-    return server_args(
-        model=options.model,
-        host=options.host,
-        port=options.port,
-        max_tokens=options.max_tokens,
-        temp=options.temp,
-        top_p=options.top_p,
-        prompt_cache_size=options.prompt_cache_size,
-        prompt_cache_bytes=options.prompt_cache_bytes,
-        **extra,
-    )
+    """mlx_lm's server namespace for these options: every ServeOptions field mlx_lm's server has
+    too (the model, adapter, address, sampling and prompt-cache defaults), then `extra`."""
+    shared = {f.name: getattr(options, f.name) for f in dataclasses.fields(options) if f.name in UPSTREAM_DEFAULTS}
+    return server_args(**shared, **extra)
 
 
 def kept_figure(options: ServeOptions) -> figures.Measure:
@@ -183,9 +176,7 @@ def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
         print(protocol.format_ready(payload), flush=True)
         return wiring.batchable
 
-    provider = PinnedProvider(
-        mlx_server_args(options, adapter_path=options.adapter_path), names, on_loaded, options.limits
-    )
+    provider = PinnedProvider(mlx_server_args(options), names, on_loaded, options.limits)
     handle = bind_server(options, provider, model_id, names)
     if handle is None:
         return ExitCode.PORT_IN_USE

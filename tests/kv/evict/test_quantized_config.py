@@ -3,12 +3,12 @@ and the located errors of a bad entry (FILE:LINE:COL through the normal config v
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pytest
 
 from tests.config_support import entry, issues, write_config
+from veloxd import protocol
 from veloxd.config import load_config
 from veloxd.kv import KVCacheConfig, registry
 from veloxd.kv.config import KVConfigError
@@ -110,4 +110,4 @@ def test_a_hybrid_entry_loads_with_the_settings_of_both_parts(tmp_path: Path) ->
     kv = server.servers["coder"].kv
     assert (kv.method, kv.bits, kv.snapkv_budget, kv.affine_group_size) == ("snapkv_affine", 3, 256, 32)
     argv = server.servers["coder"].serve_argv()
-    assert KVCacheConfig.from_dict(json.loads(argv[argv.index("--kv-json") + 1])) == kv  # what the worker runs
+    assert KVCacheConfig.from_dict(protocol.read_entry_document(argv[1])["kv"]) == kv  # what the worker runs
