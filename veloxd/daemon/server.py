@@ -17,6 +17,7 @@ from veloxd import protocol
 from veloxd.config.world import Condition, entry_conditions
 from veloxd.daemon import liveness
 from veloxd.daemon.download import DownloadPhase, needs_download
+from veloxd.daemon.exits import UNFIXABLE_EXIT, PortTaken, after_exit
 from veloxd.daemon.process import Child, describe_exit, error_line, worker_env
 from veloxd.daemon.spawner import Spawner
 from veloxd.daemon.state import (
@@ -42,7 +43,6 @@ EVENT_FOR_STATE = {
     S.STOPPING: "server_stopping",
     S.STOPPED: "server_stopped",
 }
-UNFIXABLE_EXIT = protocol.ExitCode.INVALID  # the worker's "invalid input", the download's "not found, gated...": final
 
 
 CheckWorld = Callable[[Supervised], list[Condition]]
@@ -331,29 +331,24 @@ class ServerProcess:
             return
         if self.state not in (S.STARTING, S.READY, S.UNRESPONSIVE):
             return
-        if self.state is S.STARTING and returncode == protocol.ExitCode.PORT_IN_USE and not self._timed_out:
-            # Free when the daemon looked, taken when the worker bound it: the port's holder is the
-            # world's doing, so wait for it as the check before spawning would have (no failure counted).
-            said = self.last_exit.get("error") or f"port {self.entry.port} on {self.entry.host} is in use"
-            where = {"host": self.entry.host, "port": self.entry.port, "method": self.entry.method}
-            self._wait(now, [Condition("port", ("port",), said)], model=self.entry.model, **where)
+        entry = self.entry
+        verdict = after_exit(
+            self.state,
+            returncode,
+            tail,
+            self.last_exit["error"],
+            timed_out=self._timed_out,
+            refused=self._refused,
+            host=entry.host,
+            port=entry.port,
+        )
+        if isinstance(verdict, PortTaken):
+            where = {"host": entry.host, "port": entry.port, "method": entry.method, "model": entry.model}
+            self._wait(now, [verdict.condition], **where)
             return
-        reason = "ready_timeout" if self._timed_out else "unresponsive" if self.state is S.UNRESPONSIVE else "exited"
-        stderr = [line for line in tail.get("stderr", []) if line.strip()]
-        exit_text = describe_exit(returncode)
-        if reason != "unresponsive":  # else last_error already says why it was killed
-            self.last_error = (
-                stderr[-1] if stderr else f"{reason}: {exit_text['signal'] or 'code ' + str(exit_text['code'])}"
-            )
-        unfixable = self._refused
-        if unfixable is None and returncode == UNFIXABLE_EXIT:
-            said = self.last_exit.get("error")
-            unfixable = (
-                f"worker exited with code 2: {said}"
-                if said
-                else ("worker exited with code 2 (invalid input; see last_lines)")
-            )
-        self._fail(now, reason, unfixable, last_lines=tail)
+        if verdict.last_error is not None:
+            self.last_error = verdict.last_error
+        self._fail(now, verdict.reason, verdict.unfixable, last_lines=tail)
 
     def _download_exited(self, returncode: int, now: float) -> None:
         """The download step ended: load the model (STARTING), or fail as its verdict says."""
