@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from veloxd.daemon import messages as m
 from veloxd.daemon.server import ServerProcess
@@ -19,6 +19,9 @@ from veloxd.daemon.spawner import Spawner
 from veloxd.daemon.state import ServerState
 from veloxd.daemon.statefile import Changes
 from veloxd.daemon.supervised import Supervised
+
+if TYPE_CHECKING:
+    from veloxd.config.plan import Plan
 
 SERVERS = "servers"  # the lane of model servers and the gateway: what memory admission orders
 
@@ -46,7 +49,7 @@ class Supervisor:
         self._log = log
 
     # ---- plans --------------------------------------------------------------------------
-    def apply(self, plan: Any, desired: Mapping[str, Supervised], now: float, lane: str = SERVERS) -> None:
+    def apply(self, plan: Plan, desired: Mapping[str, Supervised], now: float, lane: str = SERVERS) -> None:
         """Apply a config plan: stop removed+changed, update live-only, then start changed+added.
 
         A FATAL server whose entry changed at all (even a live-only key such as a longer
