@@ -21,6 +21,7 @@ from veloxd.launch import veloxd_argv
 
 NAME = "@dashboard"  # never a server name (those start with a letter or digit): no clash in logs or messages
 LANE = "dashboard"  # its rollouts do not queue behind the servers'
+# The keys of the state file's `dashboard` (a server's snapshot has more: model, KV, downloads).
 SHOWN = (
     "state",
     "pid",
