@@ -30,6 +30,16 @@ class Entry:
     stop_timeout_s: float = 5.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
     env: dict[str, str] = field(default_factory=dict)
+    # the rest of veloxd.daemon.supervised.Supervised: none of them in play here
+    start: str = "always"
+    api_key_env: str | None = None
+    kv: None = None
+    health: None = None
+    distributed: None = None
+    program: None = None
+
+    def serve_argv(self) -> list[str]:
+        return []
 
 
 class FakeChild:

@@ -25,8 +25,11 @@ from veloxd import protocol
 from veloxd.config import Config
 from veloxd.config.model import ServerEntry
 from veloxd.config.plan import diff
+from veloxd.config.sections import Dashboard
 from veloxd.daemon import messages as m
 from veloxd.daemon.process import process_start_time
+from veloxd.daemon.sidecar import NAME as DASHBOARD
+from veloxd.daemon.sidecar import DashboardSidecar, dashboard_snapshot
 from veloxd.daemon.state import ServerState
 from veloxd.daemon.supervisor import Supervisor
 from veloxd.daemon.views import status_code
@@ -401,3 +404,33 @@ def test_a_port_taken_between_the_check_and_the_bind_waits_too(supervisor, spawn
     assert server.state is S.STARTING and len(spawner.children) == 2
     bring_up(supervisor, spawner, "a", 3.0)
     assert server.state is S.READY
+
+
+def test_the_dashboard_runs_under_the_same_supervisor_in_a_lane_that_does_not_wait_for_servers(
+    supervisor, spawner, tmp_path
+) -> None:
+    """The dashboard's restart goes on while a server's stop is still awaited, and a reload's
+    follow-up waits only for the servers' lane; the state file shows the dashboard on its own."""
+    a = make_entry("a", free_port())
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    bring_up(supervisor, spawner, "a", 1.0)
+    sidecar = DashboardSidecar(supervisor, tmp_path)
+    sidecar.apply(Dashboard(port=free_port()), 1.0)
+    dashboard = supervisor.servers[DASHBOARD]
+    assert dashboard.state is S.STARTING and spawner.latest(DASHBOARD)[1].argv[2:4] == ["--state-dir", str(tmp_path)]
+    spawn_id, _ = spawner.latest(DASHBOARD)
+    supervisor.on_message(m.ReadyLine(DASHBOARD, spawn_id, {"endpoints": {}}), 2.0)  # no KV settings to check
+    supervisor.on_message(m.Healthy(DASHBOARD, spawn_id), 2.0)
+    assert dashboard.state is S.READY and not supervisor.busy
+    supervisor.restart(["a"], "restart_requested", 3.0)  # a's stop lasts until its exit is reported
+    sidecar.apply(Dashboard(port=free_port(), interval_s=2.0), 3.0)
+    assert supervisor.busy and dashboard.state is S.STOPPING
+    spawn_id, child = spawner.latest(DASHBOARD)
+    child.returncode = 0
+    supervisor.on_message(m.ChildExited(DASHBOARD, spawn_id, 0), 4.0)
+    assert dashboard.state is S.STARTING and "--interval-s" in spawner.latest(DASHBOARD)[1].argv
+    assert supervisor.servers["a"].state is S.STOPPING and supervisor.busy  # still the servers' rollout
+    shown = dashboard_snapshot(supervisor.snapshot())
+    assert shown is not None and shown["state"] == "starting" and "pending" not in shown
+    sidecar.apply(None, 5.0)
+    assert dashboard.state is S.STOPPING

@@ -1,9 +1,10 @@
 """The top-level `gateway:` block: one OpenAI endpoint in front of every server (docs/gateway.md).
 
 The gateway runs as its own supervised process (`veloxd gateway`), so the daemon treats it like
-a server entry: `GatewayEntry` gives it the attributes the supervisor reads (name, host, port,
-timeouts, restart policy, the argv of its process). Only host and port need a new process;
-every other key reaches the running gateway through the control socket.
+a server entry: `GatewayEntry` implements what the supervisor reads of one (the Supervised
+protocol of veloxd.daemon.supervised: name, host, port, timeouts, restart policy, its program).
+Only host and port need a new process; every other key reaches the running gateway through the
+control socket.
 """
 
 from __future__ import annotations
@@ -180,6 +181,24 @@ class GatewayEntry:
     def program(self) -> list[str]:
         """Replaces the worker command: the gateway is never a `veloxd serve`."""
         return veloxd_argv("gateway")
+
+    # What a model server has and the gateway has not (veloxd.daemon.supervised.Supervised).
+    @property
+    def api_key_env(self) -> None:
+        """gateway.api_key_env is a live key the gateway reads per request: no start condition."""
+        return None
+
+    @property
+    def kv(self) -> None:
+        return None
+
+    @property
+    def health(self) -> None:
+        return None
+
+    @property
+    def distributed(self) -> None:
+        return None
 
     def serve_argv(self) -> list[str]:
         return ["--host", self.host, "--port", str(self.port)]

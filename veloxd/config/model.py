@@ -20,7 +20,7 @@ from veloxd.config.sections import Dashboard, Distributed, Health, Limits, Promp
 from veloxd.kv.config import KVCacheConfig
 
 if TYPE_CHECKING:
-    from veloxd.config.gateway import Gateway
+    from veloxd.config.gateway import Gateway, GatewayEntry
 
 VERSION = 1
 NAME_PATTERN = r"^[a-z0-9][a-z0-9_-]*$"
@@ -152,6 +152,11 @@ class ServerEntry:
     def method(self) -> str:
         return self.kv.method
 
+    @property
+    def program(self) -> None:
+        """None: run by the daemon's worker command (`veloxd serve`; veloxd.daemon.supervised)."""
+        return None
+
     def serve_argv(self) -> list[str]:
         """The settings of `veloxd serve` that run this entry: one JSON document (veloxd.protocol)."""
         return [protocol.ENTRY_JSON_FLAG, protocol.entry_document(worker_settings(self))]
@@ -192,7 +197,7 @@ class Config:
     )
     gateway: Gateway | None = None
 
-    def supervised(self) -> dict[str, Any]:
+    def supervised(self) -> dict[str, ServerEntry | GatewayEntry]:
         """Every process the daemon runs, by name: the servers, then the gateway if there is one."""
         from veloxd.config.gateway import GATEWAY_NAME, GatewayEntry
 

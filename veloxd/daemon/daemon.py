@@ -33,9 +33,11 @@ from veloxd.daemon.process import Lifeline, process_start_time
 from veloxd.daemon.reload import ConfigSource, Invalid, Unchanged, Valid
 from veloxd.daemon.server import wall_clock
 from veloxd.daemon.shutdown import forces_kill
-from veloxd.daemon.sidecar import DashboardSidecar, web_command
-from veloxd.daemon.statefile import SCHEMA_VERSION, read_state, write_state
-from veloxd.daemon.supervisor import Supervisor, WorkerSpawner
+from veloxd.daemon.sidecar import NAME as DASHBOARD
+from veloxd.daemon.sidecar import DashboardSidecar, dashboard_snapshot
+from veloxd.daemon.spawner import WorkerSpawner
+from veloxd.daemon.statefile import SCHEMA_VERSION, Changes, read_state, write_state
+from veloxd.daemon.supervisor import Supervisor
 from veloxd.daemon.watch import Debounce, Watcher, stat_signature
 
 POLL_S = 2.0  # backstop stat poll of the config (missed FSEvents, vanished directories)
@@ -70,7 +72,9 @@ class Daemon:
         self.models = ModelDirs()
         self._config_sig = stat_signature(options.config_path)
         self._next_poll = 0.0
-        self._written: dict[str, Any] | None = None
+        self.changes = Changes()  # bumped wherever a fact of the state file changes
+        self._written: tuple[int, Any] | None = None  # (changes.count, log facts) last on disk
+        self._running = True
         self._write_error: str | None = None
         self._start_time = process_start_time(os.getpid())
         self._config_dict: tuple[Any, dict[str, Any] | None] = (None, None)
@@ -96,10 +100,9 @@ class Daemon:
             },
             event_log=get_logger("veloxd.gateway"),
         )
-        self.supervisor = Supervisor(spawner, get_logger("veloxd.server"))
+        self.supervisor = Supervisor(spawner, get_logger("veloxd.server"), self.changes)
         self.ondemand = OnDemand(self.supervisor, options.state_dir, get_logger("veloxd.server"))
-        web = WorkerSpawner(web_command(), self.lifeline, self.inbox, get_logger("veloxd.dashboard"))
-        self.dashboard = DashboardSidecar(web, get_logger("veloxd.dashboard"), options.state_dir)
+        self.dashboard = DashboardSidecar(self.supervisor, options.state_dir)
         self.watcher = Watcher(options.config_path, self.inbox)
         self._install_signals()
         self.control.start()
@@ -115,14 +118,16 @@ class Daemon:
             worker_command=options.worker_command,
         )
         self._reload(time.monotonic(), "startup")
-        self._write_state(running=True)  # at once: `status` should not see the startup verdict late
+        self._write_state()  # at once: `status` should not see the startup verdict late
         try:
             self._loop()
         finally:
             self.watcher.stop()
             self.control.close()
             self.lifeline.close()
-        self._write_state(running=False)
+        self._running = False
+        self.changes.bump()
+        self._write_state()
         self.log.info("daemon_stopped", pid=os.getpid())
         # Python resets its handlers to the default at exit: a wrapper's late copy of Ctrl-C would then
         # turn this clean exit into a death by SIGINT. Stopped is stopped; an ignored handler stays.
@@ -137,7 +142,7 @@ class Daemon:
         signal.signal(signal.SIGHUP, lambda signum, frame: put(m.ReloadRequested("sighup")))
 
     def _loop(self) -> None:
-        while not (self._stopping and self.supervisor.all_stopped() and self.dashboard.supervisor.all_stopped()):
+        while not (self._stopping and self.supervisor.all_stopped()):
             now = time.monotonic()
             try:
                 message = self.inbox.get(timeout=max(0.0, self._next_wakeup(now) - now))
@@ -148,7 +153,7 @@ class Daemon:
                 self._handle(message, now)
             self._timers(now)
             self.ondemand.views.settle(now)  # held gateway views: answered if this turn changed one
-            self._write_state(running=True)
+            self._write_state()
 
     def _next_wakeup(self, now: float) -> float:
         deadlines = [
@@ -156,7 +161,6 @@ class Daemon:
             self.supervisor.next_deadline(),
             self._config_debounce.deadline(),
             self.models.deadline(),
-            self.dashboard.supervisor.next_deadline(),
             self.ondemand.views.next_deadline(),
         ]
         return min((d for d in deadlines if d is not None), default=now + POLL_S)
@@ -165,9 +169,9 @@ class Daemon:
     def _handle(self, msg: Any, now: float) -> None:
         if isinstance(msg, (m.ChildExited, m.ReadyLine, m.DownloadLine, m.Healthy, m.HealthProbed)):
             self.supervisor.on_message(msg, now)
-            self.dashboard.supervisor.on_message(msg, now)  # each ignores the other's names
             if isinstance(msg, m.ReadyLine):
                 self.ondemand.on_ready_line(msg.server, msg.payload)
+                self.changes.bump()  # its measurements feed the memory table
         elif isinstance(msg, m.Shutdown):
             self._shutdown(msg.signum, now)
         elif isinstance(msg, m.StatusRequested):
@@ -195,14 +199,14 @@ class Daemon:
             if not forces_kill(self._stop_signal_at, now):  # the same Ctrl-C, forwarded by a wrapper
                 self.log.info("daemon_signal_merged", signal=signal.Signals(signum).name)
                 return
-            for server in [*self.supervisor.servers.values(), *self.dashboard.supervisor.servers.values()]:
+            for server in self.supervisor.servers.values():
                 server.kill_now()
             return
         self._stopping = True
         self._stop_signal_at = now
+        self.changes.bump()
         self.log.info("daemon_stopping", pid=os.getpid(), signal=signal.Signals(signum).name)
         self.supervisor.stop_all(now)
-        self.dashboard.supervisor.stop_all(now)
         for reply in self._waiting_replies:
             reply.send({"ok": False, "error": "the daemon is stopping"})
         self._waiting_replies.clear()
@@ -230,7 +234,6 @@ class Daemon:
         if failure is not None:  # lost from the file, but seen on the console, the dashboard and in status
             self.log.error("log_write_failed", **failure)
         self.supervisor.tick(now)
-        self.dashboard.supervisor.tick(now)
         if self._stopping:
             return
         if now >= self._next_poll:
@@ -301,12 +304,14 @@ class Daemon:
             "errors": outcome.lines,
             "file_changes": changes,
         }
+        self.changes.bump()
         return {"ok": False, "errors": outcome.lines, "kept_config_sha256": kept}
 
     def _apply(self, outcome: Valid, source: str, now: float) -> dict[str, Any]:
+        from veloxd.config.model import Config
         from veloxd.config.plan import diff
 
-        new = outcome.config
+        new: Config = outcome.config  # typed: mypy checks its entries are Supervised
         plan = diff(self.config, new)
         first = self.config is None and source == "startup"
         summary = plan.to_dict()
@@ -332,22 +337,27 @@ class Daemon:
             "config_sha256": new.sha256,
             "plan": summary,
         }
+        self.changes.bump()
         return {"ok": True, "config_sha256": new.sha256, "plan": summary}
 
     # ---- state file -----------------------------------------------------------------------
-    def _state(self, running: bool = True) -> dict[str, Any]:
+    def _state(self, log_facts: tuple[Any, Any] | None = None) -> dict[str, Any]:
         options = self.options
+        file_id, write_status = log_facts or _log_facts()
+        servers = self.supervisor.snapshot()
+        dashboard = dashboard_snapshot(servers)
+        servers.pop(DASHBOARD, None)
         return {
             "schema_version": SCHEMA_VERSION,
             "daemon": {
-                "running": running,
+                "running": self._running,
                 "pid": os.getpid(),
                 "start_time": self._start_time,
                 "version": __version__,
                 "control_socket": str(self.control.path),
                 "log_file": str(options.log_file) if options.log_file else None,
-                "log_file_id": log_file_id(),  # [device, inode] written to: `veloxd logs` compares
-                "log_write": log_write_status(),  # records the log file lost, and since when while it fails
+                "log_file_id": file_id,  # [device, inode] written to: `veloxd logs` compares
+                "log_write": write_status,  # records the log file lost, and since when while it fails
                 "state_write_error": self._write_error,  # seen by `veloxd status` through the control socket
                 "worker_command": options.worker_command,
                 "stopping": self._stopping,
@@ -357,8 +367,8 @@ class Daemon:
             "config_sha256": self.config.sha256 if self.config is not None else None,
             "degraded": self.config is None,
             "last_reload": self.last_reload,
-            "servers": self.supervisor.snapshot(),
-            "dashboard": self.dashboard.snapshot(),
+            "servers": servers,
+            "dashboard": dashboard,
             "memory": self.ondemand.table() if self.config is not None and self.config.gateway is not None else None,
         }
 
@@ -371,14 +381,15 @@ class Daemon:
             self._config_dict = (self.config, redact_config(plain) if plain is not None else None)
         return self._config_dict[1]
 
-    def _write_state(self, running: bool) -> None:
-        """Write the state file when it changed. A failed write is an event, never a crash: the
-        servers do not depend on it, and the next change (or loop wakeup) tries again."""
-        state = self._state(running)
-        if state == self._written:
+    def _write_state(self) -> None:
+        """Write the state file when a fact in it changed: the change count moved, or the log handler's
+        own facts (rotation, lost records) did. A failed write is an event, never a crash: the servers
+        do not depend on it, and every loop wakeup tries again until one succeeds."""
+        seen = (self.changes.count, _log_facts())
+        if seen == self._written and self._write_error is None:
             return
         try:
-            write_state(self.options.state_dir, state)
+            write_state(self.options.state_dir, self._state(seen[1]))
         except OSError as err:
             error = f"{type(err).__name__}: {err.strerror or err}"
             if error != self._write_error:  # once per distinct error, not once per retry
@@ -392,4 +403,10 @@ class Daemon:
                 "state_write_recovered", state_dir=str(self.options.state_dir), previous_error=self._write_error
             )
             self._write_error = None
-        self._written = state
+            self.changes.bump()  # the file just written still names the error: write it again without
+        self._written = seen
+
+
+def _log_facts() -> tuple[Any, Any]:
+    """What the log handler changes on its own (a size rotation, lost records): read each loop pass, cheaply."""
+    return log_file_id(), log_write_status()

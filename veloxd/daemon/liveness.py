@@ -12,11 +12,16 @@ from typing import Protocol
 
 
 class HealthPolicy(Protocol):
-    """What the decisions read of an entry's `health` section (veloxd.config.sections.Health)."""
+    """What the decisions read of an entry's `health` section (veloxd.config.sections.Health, frozen)."""
 
-    interval_s: float
-    timeout_s: float
-    failures: int
+    @property
+    def interval_s(self) -> float: ...
+
+    @property
+    def timeout_s(self) -> float: ...
+
+    @property
+    def failures(self) -> int: ...
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,6 @@ import os
 from pathlib import Path
 from typing import Any
 
-from veloxd.config.gateway import GATEWAY_NAME
 from veloxd.daemon import messages as m
 from veloxd.daemon.longpoll import ViewWaits
 from veloxd.daemon.memory import (
@@ -65,16 +64,16 @@ class OnDemand:
     def on_ready_line(self, name: str, payload: dict[str, Any]) -> None:
         """Remember what READY measured (KV bytes per token, loaded weights) for this model and method."""
         server = self.supervisor.servers.get(name)
-        if server is None or name == GATEWAY_NAME:
+        if server is None or server.entry.kv is None:  # the gateway and the dashboard measure nothing
             return
-        entry = server.entry
+        entry, bits = server.entry, server.entry.kv.bits
         kv = (payload.get("kv_bytes_per_token") or {}).get("method")
         memory = payload.get("memory") or {}
         record: dict[str, Any] = {"kv_bytes_per_token": kv, "weights_bytes": memory.get("weights_bytes")}
         record = {k: v for k, v in record.items() if isinstance(v, (int, float))}
         if isinstance(payload.get("kv_memory"), dict):
             record |= kv_record(payload["kv_memory"])
-        key = measurement_key(entry.model, entry.method, entry.kv.bits)
+        key = measurement_key(entry.model, entry.method, bits)
         changed = self.measurements.get(key) != record
         if record and changed:
             self.measurements[key] = record

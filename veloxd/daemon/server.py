@@ -11,13 +11,15 @@ import signal
 import threading
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any, Protocol
+from typing import Any
 
 from veloxd import protocol
 from veloxd.config.world import Condition, entry_conditions
 from veloxd.daemon import liveness
 from veloxd.daemon.download import DownloadPhase, needs_download
+from veloxd.daemon.exits import UNFIXABLE_EXIT, PortTaken, after_exit
 from veloxd.daemon.process import Child, describe_exit, error_line, worker_env
+from veloxd.daemon.spawner import Spawner
 from veloxd.daemon.state import (
     GiveUp,
     ServerState,
@@ -25,6 +27,8 @@ from veloxd.daemon.state import (
     recheck_delay,
     transition,
 )
+from veloxd.daemon.statefile import Changes
+from veloxd.daemon.supervised import Supervised
 from veloxd.distributed.command import group_status
 
 S = ServerState
@@ -39,25 +43,9 @@ EVENT_FOR_STATE = {
     S.STOPPING: "server_stopping",
     S.STOPPED: "server_stopped",
 }
-UNFIXABLE_EXIT = protocol.ExitCode.INVALID  # the worker's "invalid input", the download's "not found, gated...": final
 
 
-class Spawner(Protocol):
-    """Starts workers and health probes whose reports reach the loop as messages.
-
-    A spawned Child is held: its lines reach the log once release_output() is called, after the
-    state event that names its pid, so a tailed log never shows a worker's output first."""
-
-    def spawn(self, name: str, spawn_id: int, entry: Any) -> Child: ...
-
-    def spawn_download(self, name: str, spawn_id: int, entry: Any) -> Child: ...
-
-    def probe_health(self, name: str, spawn_id: int, host: str, port: int, deadline: float) -> threading.Event: ...
-
-    def check_health(self, name: str, spawn_id: int, sequence: int, host: str, port: int, timeout: float) -> None: ...
-
-
-CheckWorld = Callable[[Any], list[Condition]]
+CheckWorld = Callable[[Supervised], list[Condition]]
 
 
 def wall_clock() -> str:
@@ -67,8 +55,16 @@ def wall_clock() -> str:
 class ServerProcess:
     """The supervised process of one entry (the entry object may be replaced on live updates)."""
 
-    def __init__(self, entry: Any, spawner: Spawner, log: Any, check_world: CheckWorld = entry_conditions) -> None:
-        self.entry = entry
+    def __init__(
+        self,
+        entry: Supervised,
+        spawner: Spawner,
+        log: Any,
+        check_world: CheckWorld = entry_conditions,
+        changes: Changes | None = None,
+    ) -> None:
+        self.changes = changes if changes is not None else Changes()  # what snapshot() shows moved
+        self._entry = entry
         self.state = S.STOPPED
         self.since = wall_clock()
         self.child: Child | None = None
@@ -102,6 +98,16 @@ class ServerProcess:
         self.live: liveness.Liveness | None = None  # while READY, for an entry with a `health` section
 
     @property
+    def entry(self) -> Supervised:
+        return self._entry
+
+    @entry.setter
+    def entry(self, entry: Supervised) -> None:
+        """A live update (or a restart with new settings): status shows its timeouts and start mode."""
+        self._entry = entry
+        self.changes.bump()
+
+    @property
     def name(self) -> str:
         return self.entry.name
 
@@ -114,6 +120,7 @@ class ServerProcess:
         old = self.state
         self.state = transition(old, new)
         self.since = wall_clock()
+        self.changes.bump()
         level = "error" if new is S.FATAL else "warning" if new in (S.BACKOFF, S.WAITING, S.UNRESPONSIVE) else "info"
         pid = self.child.pid if self.child is not None else None  # the worker concerned, even if gone
         getattr(self._log, level)(EVENT_FOR_STATE[new], pid=pid, from_state=old.value, state=new.value, **event)
@@ -178,7 +185,7 @@ class ServerProcess:
         (Also called after a live update: a READY server's next probe follows a shorter interval.)"""
         if self.state is S.WAITING:
             self._recheck_at = now
-        policy = getattr(self.entry, "health", None)
+        policy = self.entry.health
         if self.state is S.READY and self.live is not None and policy is not None:
             self.live = liveness.rescheduled(self.live, now, policy)
 
@@ -190,6 +197,8 @@ class ServerProcess:
         reason = "; ".join(c.message for c in conditions)
         changed = [c.to_dict() for c in conditions] != [c.to_dict() for c in self.waiting_for]
         self.waiting_for = conditions
+        if changed:
+            self.changes.bump()  # waiting_reason
         details = {"reason": reason, "conditions": [c.to_dict() for c in conditions], "recheck_s": delay}
         if self.state is not S.WAITING:
             self._become(S.WAITING, **details, **where)
@@ -222,12 +231,13 @@ class ServerProcess:
     def clear_failures(self) -> None:
         self.failures.clear()
         self.fatal_reason = None
+        self.changes.bump()  # failures, fatal_reason
 
     # ---- reports from the worker (via the loop) ---------------------------------------
     def on_ready_line(self, spawn_id: int, payload: dict[str, Any], problem: str | None = None) -> None:
         if spawn_id != self.spawn_id or self.state is not S.STARTING:
             return
-        kv = getattr(self.entry, "kv", None)  # a model worker's entry (the dashboard sidecar has none)
+        kv = self.entry.kv  # None: the gateway's and the dashboard's READY lines carry no KV settings
         if problem is None and kv is not None:
             problem = protocol.config_mismatch(kv.applied(), payload.get("config"))
         if problem is not None and self.child is not None:
@@ -238,6 +248,7 @@ class ServerProcess:
             self.child.signal_group(signal.SIGKILL)
             return
         self.ready_payload = payload
+        self.changes.bump()  # status shows the READY line while /health is awaited
         entry = self.entry
         self._probe_cancel = self._spawner.probe_health(
             self.name, spawn_id, entry.host, entry.port, self._ready_deadline
@@ -247,6 +258,7 @@ class ServerProcess:
         if spawn_id != self.spawn_id or self.state is not S.DOWNLOADING or self.download is None:
             return
         progress = self.download.on_line(payload, now)
+        self.changes.bump()  # the step reports about once a second: status follows it
         if progress is not None:
             self._log.info("server_downloading", pid=self.pid, model=self.entry.model, **progress)
 
@@ -255,19 +267,21 @@ class ServerProcess:
             return
         self._probe_cancel = None
         self.startup_s = round(now - self._spawned_at, 3)
-        policy = getattr(self.entry, "health", None)  # model servers have one; the gateway and dashboard not
+        policy = self.entry.health  # model servers have one; the gateway and dashboard not
         self.live = liveness.on_ready(now, policy) if policy is not None else None
         self._become(S.READY, startup_s=self.startup_s, ready=self.ready_payload)
 
     def on_health_probed(self, spawn_id: int, sequence: int, error: str | None, now: float) -> None:
         """A liveness probe's outcome; `health.failures` failures in a row: UNRESPONSIVE, SIGTERM."""
-        policy = getattr(self.entry, "health", None)
+        policy = self.entry.health
         if spawn_id != self.spawn_id or self.state is not S.READY or self.live is None or policy is None:
             return
         before = self.live
         self.live = liveness.probe_finished(before, sequence, error, now, policy)
         if self.live is before:
             return
+        if self.live.failures != before.failures:
+            self.changes.bump()  # health.failures
         pid = self.pid
         if error is None:
             if before.failures:
@@ -295,6 +309,7 @@ class ServerProcess:
         if spawn_id != self.spawn_id or self.child is None or not self._awaiting_exit:
             return
         self._awaiting_exit = False
+        self.changes.bump()  # pid, last_exit
         if self.state is S.DOWNLOADING:
             self._download_exited(returncode, now)
             return
@@ -316,29 +331,24 @@ class ServerProcess:
             return
         if self.state not in (S.STARTING, S.READY, S.UNRESPONSIVE):
             return
-        if self.state is S.STARTING and returncode == protocol.ExitCode.PORT_IN_USE and not self._timed_out:
-            # Free when the daemon looked, taken when the worker bound it: the port's holder is the
-            # world's doing, so wait for it as the check before spawning would have (no failure counted).
-            said = self.last_exit.get("error") or f"port {self.entry.port} on {self.entry.host} is in use"
-            where = {"host": self.entry.host, "port": self.entry.port, "method": self.entry.method}
-            self._wait(now, [Condition("port", ("port",), said)], model=self.entry.model, **where)
+        entry = self.entry
+        verdict = after_exit(
+            self.state,
+            returncode,
+            tail,
+            self.last_exit["error"],
+            timed_out=self._timed_out,
+            refused=self._refused,
+            host=entry.host,
+            port=entry.port,
+        )
+        if isinstance(verdict, PortTaken):
+            where = {"host": entry.host, "port": entry.port, "method": entry.method, "model": entry.model}
+            self._wait(now, [verdict.condition], **where)
             return
-        reason = "ready_timeout" if self._timed_out else "unresponsive" if self.state is S.UNRESPONSIVE else "exited"
-        stderr = [line for line in tail.get("stderr", []) if line.strip()]
-        exit_text = describe_exit(returncode)
-        if reason != "unresponsive":  # else last_error already says why it was killed
-            self.last_error = (
-                stderr[-1] if stderr else f"{reason}: {exit_text['signal'] or 'code ' + str(exit_text['code'])}"
-            )
-        unfixable = self._refused
-        if unfixable is None and returncode == UNFIXABLE_EXIT:
-            said = self.last_exit.get("error")
-            unfixable = (
-                f"worker exited with code 2: {said}"
-                if said
-                else ("worker exited with code 2 (invalid input; see last_lines)")
-            )
-        self._fail(now, reason, unfixable, last_lines=tail)
+        if verdict.last_error is not None:
+            self.last_error = verdict.last_error
+        self._fail(now, verdict.reason, verdict.unfixable, last_lines=tail)
 
     def _download_exited(self, returncode: int, now: float) -> None:
         """The download step ended: load the model (STARTING), or fail as its verdict says."""
@@ -397,9 +407,10 @@ class ServerProcess:
 
     def _probe(self, now: float) -> None:
         """Start one liveness probe; its report (HealthProbed) arrives through the loop."""
-        assert self.live is not None
-        self.live = liveness.probe_started(self.live)
         entry = self.entry
+        assert self.live is not None and entry.health is not None  # live is set only under a health policy
+        self.live = liveness.probe_started(self.live)
+        self.changes.bump()  # health.probes
         timeout = entry.health.timeout_s
         self._spawner.check_health(self.name, self.spawn_id, self.live.sequence, entry.host, entry.port, timeout)
 
@@ -457,7 +468,7 @@ class ServerProcess:
             "ready": self.ready_payload,  # the worker's READY line: bits, measured KV bytes per token, endpoints
             "waiting_reason": self.waiting_reason(),
             "stop_timeout_s": entry.stop_timeout_s,
-            "start": getattr(entry, "start", "always"),
+            "start": entry.start,
             # a distributed entry: the group's state and each rank's pid and host (READY's ranks)
-            "distributed": group_status(getattr(entry, "distributed", None), self.state.value, self.ready_payload),
+            "distributed": group_status(entry.distributed, self.state.value, self.ready_payload),
         }

@@ -1,9 +1,10 @@
 """The dashboard process (`veloxd web`), supervised like a server: same states, backoff and lifeline.
 
 The daemon never imports an HTTP stack; when veloxd.yaml has a `dashboard:` block it runs
-`python -m veloxd web` as a child with its own Supervisor, so a dashboard that crashes is
-restarted with backoff and never touches a model server. It speaks the worker protocol: binds
-its port, prints `VELOXD_READY {json}`, answers GET /health, exits when the lifeline closes.
+`python -m veloxd web` as a child under the one Supervisor (in a lane of its own), so a dashboard
+that crashes is restarted with backoff and never touches a model server. It speaks the worker
+protocol: binds its port, prints `VELOXD_READY {json}`, answers GET /health, exits when the
+lifeline closes.
 """
 
 from __future__ import annotations
@@ -15,19 +16,30 @@ from typing import Any
 
 from veloxd.config.plan import Plan
 from veloxd.config.sections import Dashboard, RestartPolicy
-from veloxd.daemon.supervisor import Supervisor, WorkerSpawner
+from veloxd.daemon.supervisor import Supervisor
 from veloxd.launch import veloxd_argv
 
 NAME = "@dashboard"  # never a server name (those start with a letter or digit): no clash in logs or messages
-
-
-def web_command() -> list[str]:
-    return veloxd_argv("web")
+LANE = "dashboard"  # its rollouts do not queue behind the servers'
+# The keys of the state file's `dashboard` (a server's snapshot has more: model, KV, downloads).
+SHOWN = (
+    "state",
+    "pid",
+    "host",
+    "port",
+    "since",
+    "restarts",
+    "last_exit",
+    "last_error",
+    "start_time",
+    "pgid",
+    "stop_timeout_s",
+)
 
 
 @dataclass(frozen=True)
 class DashboardEntry:
-    """What ServerProcess needs of an entry, for the dashboard process."""
+    """The dashboard process as the supervisor sees an entry (veloxd.daemon.supervised.Supervised)."""
 
     host: str
     port: int
@@ -39,6 +51,7 @@ class DashboardEntry:
     method: str = ""  # no model, no KV cache: empty, so no download phase and nothing to show
     model: str = ""
     env: Mapping[str, str] = field(default_factory=dict)
+    start: str = "always"
     ready_timeout_s: float = 60.0
     stop_timeout_s: float = 5.0
     restart: RestartPolicy = field(default_factory=RestartPolicy)
@@ -53,6 +66,22 @@ class DashboardEntry:
             interval_s=block.interval_s,
             history=block.history,
         )
+
+    @property
+    def program(self) -> list[str]:
+        return veloxd_argv("web")
+
+    @property
+    def kv(self) -> None:  # no KV cache: its READY line carries no settings to check
+        return None
+
+    @property
+    def health(self) -> None:  # no liveness probes after READY
+        return None
+
+    @property
+    def distributed(self) -> None:
+        return None
 
     def serve_argv(self) -> list[str]:
         argv = [
@@ -73,8 +102,8 @@ class DashboardEntry:
 class DashboardSidecar:
     """Starts, restarts on change, and stops the dashboard process as the config says."""
 
-    def __init__(self, spawner: WorkerSpawner, log: Any, state_dir: Path) -> None:
-        self.supervisor = Supervisor(spawner, log)
+    def __init__(self, supervisor: Supervisor, state_dir: Path) -> None:
+        self.supervisor = supervisor
         self.entry: DashboardEntry | None = None
         self._state_dir = state_dir
 
@@ -91,27 +120,10 @@ class DashboardSidecar:
         else:
             plan = Plan(changed={NAME: ("dashboard",)})
         self.entry = new
-        self.supervisor.apply(plan, {NAME: new} if new is not None else {}, now)
+        self.supervisor.apply(plan, {NAME: new} if new is not None else {}, now, lane=LANE)
 
-    def snapshot(self) -> dict[str, Any] | None:
-        """The dashboard's process facts for the state file (None when none is configured or running)."""
-        server = self.supervisor.servers.get(NAME)
-        if server is None:
-            return None
-        snap = server.snapshot()
-        return {
-            key: snap[key]
-            for key in (
-                "state",
-                "pid",
-                "host",
-                "port",
-                "since",
-                "restarts",
-                "last_exit",
-                "last_error",
-                "start_time",
-                "pgid",
-                "stop_timeout_s",
-            )
-        }
+
+def dashboard_snapshot(servers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any] | None:
+    """The dashboard's process facts for the state file, from the Supervisor's snapshot (None: none)."""
+    snap = servers.get(NAME)
+    return None if snap is None else {key: snap[key] for key in SHOWN}

@@ -60,12 +60,19 @@ def transition(current: ServerState, new: ServerState) -> ServerState:
 
 
 class RestartPolicy(Protocol):
-    """What the decisions read of an entry's `restart` section (veloxd.config.RestartPolicy)."""
+    """What the decisions read of an entry's `restart` section (veloxd.config.RestartPolicy, frozen)."""
 
-    max_failures: int
-    window_s: float
-    backoff_initial_s: float
-    backoff_max_s: float
+    @property
+    def max_failures(self) -> int: ...
+
+    @property
+    def window_s(self) -> float: ...
+
+    @property
+    def backoff_initial_s(self) -> float: ...
+
+    @property
+    def backoff_max_s(self) -> float: ...
 
 
 @dataclass(frozen=True)

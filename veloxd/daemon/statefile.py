@@ -20,6 +20,21 @@ LOCK_FILE = "daemon.lock"
 SCHEMA_VERSION = 1
 
 
+class Changes:
+    """Counts changes of what the state file shows; the daemon rewrites the file when the count moved.
+
+    Bumped where such a fact changes (a server's one transition function, its READY line, download
+    report, liveness probe, exit; a rollout queued or done; a reload; the daemon stopping), so a
+    message that changes nothing (a status or gateway-view request, a timer with nothing due)
+    neither rebuilds nor rewrites the state."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def bump(self) -> None:
+        self.count += 1
+
+
 class StartupError(RuntimeError):
     """The daemon cannot start: one line naming the path and what to do (no traceback)."""
 
