@@ -110,7 +110,8 @@ def test_exit_code_2_is_fatal_at_once(start_daemon) -> None:
 
 
 def test_worker_echoing_another_kv_config_is_refused(start_daemon) -> None:
-    """The daemon passes one --kv-json document and checks READY echoes it: a mismatch is FATAL, named."""
+    """The daemon passes the entry as one --entry-json document and checks that READY echoes its KV
+    settings: a mismatch is FATAL, named."""
     daemon = start_daemon("skewed")
     refused = daemon.wait_event("server_refused", server="skewed")
     assert "different KV config" in refused["reason"] and "bits: asked 2, got 4" in refused["reason"]

@@ -31,8 +31,10 @@ def test_degraded_start_then_model_watch_then_sigkill_leaves_no_worker(tmp_path:
         h.start()
         failed = h.wait_event("config_reload_failed")
         assert failed["source"] == "startup" and "not found" in failed["error_lines"][0]
-        assert h.state()["degraded"] is True and h.state()["servers"] == {}
-        control = Path(h.state()["daemon"]["control_socket"])
+        # The state file is written after the event is logged: wait for the verdict in it.
+        state = wait_until(lambda: s if "degraded" in (s := h.state()) else None, 60, what="the startup verdict")
+        assert state["degraded"] is True and state["servers"] == {}
+        control = Path(state["daemon"]["control_socket"])
         assert control.stat().st_mode & 0o777 == 0o600 and h.state_dir.stat().st_mode & 0o777 == 0o700
 
         mark = h.mark()
