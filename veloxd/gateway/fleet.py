@@ -206,6 +206,8 @@ class Fleet:
         if server.get("state") == "stopped" and not self.start_pending(name):
             await self.admit_and_start(name)
         while True:
+            # Taken before any await below: a view that arrives while we ask the daemon to start wakes us.
+            refreshed = self._refreshed
             server = self.servers.get(name)
             if server is None:
                 raise Unavailable(f"server '{name}' was removed from the config")
@@ -226,7 +228,7 @@ class Fleet:
                 if server.get("start") != "on_demand":
                     raise Unavailable(f"server '{name}' is stopped", retry_after_s=5, state=state)
                 await self.admit_and_start(name)  # unloaded meanwhile: start it again
-            await self._refreshed.wait()
+            await refreshed.wait()
 
     async def admit_and_start(self, name: str) -> dict[str, Any]:
         """Admission, then the daemon's start (its answer); Unavailable when refused."""
