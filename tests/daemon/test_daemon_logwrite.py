@@ -1,4 +1,4 @@
-"""Log records that cannot be written are counted, shown and announced, never silent (issue 29).
+"""Log records that cannot be written are counted, shown and announced, never silent.
 
 A real daemon (stand-in workers, a real dashboard for /metrics) whose log file stops being
 writable in ways root cannot bypass either: its directory replaced by a regular file, a full
