@@ -11,7 +11,6 @@ import random
 
 import mlx.core as mx
 import pytest
-from mlx_lm import load
 from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.models.cache import RotatingKVCache, load_prompt_cache, save_prompt_cache
 
@@ -31,11 +30,6 @@ LARGE = {  # budgets above every sequence here: nothing is ever evicted
     "tova": dict(tova_budget=4096),
     "h2o": dict(h2o_budget=4096),
 }
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model):
-    return load(str(tiny_model))[0]
 
 
 def prompt(n: int, seed: int) -> list[int]:

@@ -29,11 +29,6 @@ SHIPPED = REPO / "veloxd" / "assets" / "tiny-llama"  # trained (fp16 weights): q
 
 
 @pytest.fixture(scope="module")
-def model(tiny_model):
-    return load(str(tiny_model))[0]
-
-
-@pytest.fixture(scope="module")
 def shipped() -> tuple[object, list[int]]:
     """The shipped model and 300 tokens of code text (random ids would make every policy look alike)."""
     from testkit.tinymodel import corpus
