@@ -28,12 +28,18 @@ def config_text(servers: Mapping[str, Mapping[str, Any]], dashboard: Mapping[str
 
 @contextlib.contextmanager
 def dashboard_daemon(
-    root: Path, servers: Mapping[str, Mapping[str, Any]], worker_command: str | None = None
+    root: Path,
+    servers: Mapping[str, Mapping[str, Any]],
+    worker_command: str | None = None,
+    log_file: Path | None = None,
 ) -> Iterator[tuple[DaemonHarness, Page]]:
-    """A daemon in `root` with these (stand-in) servers and a dashboard sampling every 0.5 s, all ready."""
+    """A daemon in `root` with these (stand-in) servers and a dashboard sampling every 0.5 s, all ready
+    (optionally another worker command, or its log elsewhere)."""
     h = DaemonHarness(root)
     if worker_command is not None:
         h.worker_command = worker_command
+    if log_file is not None:
+        h.log_file = log_file
     page = Page(h, free_port())
     h.write(config_text(servers, {"port": page.port, "interval_s": 0.5}))
     try:
