@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import copy
 import random
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, generate_step
+from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
 from veloxd.kv import KVCacheConfig, make_caches
 
@@ -76,3 +79,19 @@ def assert_budget_holds(model, cache: list, method: str, steps: int) -> None:
     ):
         assert all(c.size() <= limit and c.offset == 70 + i + 1 for c in cache)
     assert all(c.evicted[0] and not c.is_trimmable() for c in cache)
+
+
+def assert_state_round_trip(model, config: KVCacheConfig, directory: Path) -> None:
+    """A cache that has evicted (and, for snapkv, sits mid decode window), saved to and loaded from
+    mlx_lm's prompt-cache file, has the same classes, offsets, sizes and bytes, and decodes the same."""
+    cache = make_caches(model, config)
+    decode(model, prompt(60, 5), cache, 7)
+    path = str(directory / "cache.safetensors")
+    save_prompt_cache(path, cache)
+    loaded = load_prompt_cache(path)
+    assert [type(c) for c in loaded] == [type(c) for c in cache]
+    assert [(c.offset, c.size(), c.nbytes) for c in loaded] == [(c.offset, c.size(), c.nbytes) for c in cache]
+    next_tokens = prompt(20, 6)
+    _, a = decode(model, next_tokens, copy.deepcopy(cache), 12, prefill_step_size=8)
+    _, b = decode(model, next_tokens, loaded, 12, prefill_step_size=8)
+    assert max_diff(a, b) == 0.0

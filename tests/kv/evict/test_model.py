@@ -6,16 +6,15 @@ next-token log-probabilities, not only on the tokens.
 
 from __future__ import annotations
 
-import copy
-
 import mlx.core as mx
 import pytest
-from mlx_lm.models.cache import RotatingKVCache, load_prompt_cache, save_prompt_cache
+from mlx_lm.models.cache import RotatingKVCache
 
 from tests.kv.evict.support import (
     SMALL,
     assert_batched_decode_equals_single,
     assert_budget_holds,
+    assert_state_round_trip,
     decode,
     max_diff,
     prompt,
@@ -83,15 +82,4 @@ def test_batched_decode_equals_single(model, method: str) -> None:
 
 @pytest.mark.parametrize("method", sorted(SMALL))
 def test_state_round_trip_through_mlx_lm_files(model, method: str, tmp_path) -> None:
-    cache = make_caches(model, KVCacheConfig(method=method, **SMALL[method]))
-    decode(model, prompt(60, 5), cache, 7)  # evicted, and (snapkv) mid decode window
-    path = str(tmp_path / "cache.safetensors")
-    save_prompt_cache(path, cache)
-    loaded = load_prompt_cache(path)
-    assert [type(c) for c in loaded] == [type(c) for c in cache]
-    assert [(c.offset, c.size(), c.nbytes) for c in loaded] == [(c.offset, c.size(), c.nbytes) for c in cache]
-    original = copy.deepcopy(cache)
-    next_tokens = prompt(20, 6)
-    _, a = decode(model, next_tokens, original, 12, prefill_step_size=8)
-    _, b = decode(model, next_tokens, loaded, 12, prefill_step_size=8)
-    assert max_diff(a, b) == 0.0
+    assert_state_round_trip(model, KVCacheConfig(method=method, **SMALL[method]), tmp_path)

@@ -3,20 +3,15 @@ BatchGenerator, state files, quality against the same policy in fp16 slots, and 
 
 from __future__ import annotations
 
-import copy
-
 import mlx.core as mx
 import pytest
 from mlx_lm import load
-from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
 from tests.kv.evict.support import (
     SMALL,
     assert_batched_decode_equals_single,
     assert_budget_holds,
-    decode,
-    max_diff,
-    prompt,
+    assert_state_round_trip,
 )
 from tests.kv.support import greedy, held_arrays, kl, prefill
 from tests.support import REPO
@@ -58,17 +53,7 @@ def test_batched_decode_equals_single(model, method: str) -> None:
 
 @pytest.mark.parametrize("method", ["snapkv_affine", "h2o_affine"])
 def test_state_round_trip_through_mlx_lm_files(model, method: str, tmp_path) -> None:
-    cache = make_caches(model, small(method))
-    decode(model, prompt(60, 5), cache, 7)  # evicted, and (snapkv) mid decode window
-    path = str(tmp_path / "cache.safetensors")
-    save_prompt_cache(path, cache)
-    loaded = load_prompt_cache(path)
-    assert [type(c) for c in loaded] == [type(c) for c in cache]
-    assert [(c.offset, c.size(), c.nbytes) for c in loaded] == [(c.offset, c.size(), c.nbytes) for c in cache]
-    next_tokens = prompt(20, 6)
-    _, a = decode(model, next_tokens, copy.deepcopy(cache), 12, prefill_step_size=8)
-    _, b = decode(model, next_tokens, loaded, 12, prefill_step_size=8)
-    assert max_diff(a, b) == 0.0
+    assert_state_round_trip(model, small(method), tmp_path)
 
 
 def forced_kl(
