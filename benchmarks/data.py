@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import random
 import sysconfig
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,6 +123,15 @@ class PassKey:
         return np.concatenate([before, intro, after, self.question]), self.answer(key)
 
 
+def stacked(
+    sequence: Callable[[int], tuple[np.ndarray, np.ndarray]], batch_size: int, length: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """`batch_size` sequences of length + 1 tokens as int32 (batch, length + 1), and their loss
+    weights (batch, length) aligned with the targets (each token's weight is its prediction's)."""
+    rows, weights = zip(*(sequence(length + 1) for _ in range(batch_size)))
+    return np.stack(rows).astype(np.int32), np.stack([w[1:] for w in weights])
+
+
 def random_key(rng: random.Random) -> str:
     return str(rng.randint(10000, 99999))
 
@@ -224,9 +234,4 @@ class TrainingStream:
 
     def batch(self, batch_size: int, length: int, induction: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(batch, length + 1) tokens and (batch, length) loss mask aligned with the targets."""
-        rows, masks = [], []
-        for _ in range(batch_size):
-            tokens, mask = self.induction_sequence(length + 1) if induction else self.sequence(length + 1)
-            rows.append(tokens)
-            masks.append(mask[1:])
-        return np.stack(rows), np.stack(masks)
+        return stacked(self.induction_sequence if induction else self.sequence, batch_size, length)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from testkit.tinymodel import write_tokenizer
+from testkit.tinymodel import model_config, write_tokenizer
 
 
 def write_tiny_pipeline_model(
@@ -25,23 +25,14 @@ def write_tiny_pipeline_model(
         return path
     path.mkdir(parents=True, exist_ok=True)
     write_tokenizer(path, vocab_size)
+    # The tiny llama's shape as qwen2, whose head size follows from hidden / heads (no head_dim key).
     config = {
+        **model_config(vocab_size, layers, hidden),
         "model_type": "qwen2",
         "architectures": ["Qwen2ForCausalLM"],
-        "hidden_size": hidden,
-        "num_hidden_layers": layers,
-        "intermediate_size": hidden * 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
         "rms_norm_eps": 1e-6,
-        "vocab_size": vocab_size,
-        "max_position_embeddings": 8192,
-        "rope_theta": 10000.0,
-        "tie_word_embeddings": True,
-        "bos_token_id": 1,
-        "eos_token_id": 2,
-        "torch_dtype": "float32",
     }
+    del config["head_dim"]
     mx.random.seed(seed)
     model = qwen2.Model(qwen2.ModelArgs.from_dict(config))
     weights = dict(tree_flatten(model.parameters()))

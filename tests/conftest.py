@@ -1,5 +1,7 @@
-"""Session fixtures: one tiny model written once, and free loopback ports; how `make test` spreads
-tests over the xdist workers."""
+"""Shared fixtures: one tiny model written once (and loaded once per module), the real pretrained
+model; how `make test` spreads tests over the xdist workers.
+
+Ports come from tests.support.free_port (testkit/ports.py: claimed, never bound and released)."""
 
 from __future__ import annotations
 
@@ -7,8 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
-from tests.support import free_port as _free_port
 
 
 @pytest.fixture(scope="session")
@@ -19,6 +19,14 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 
 
+@pytest.fixture(scope="module")
+def model(tiny_model: Path) -> Any:
+    """The tiny model loaded by mlx_lm, once per module that asks (a module's caches stay its own)."""
+    from mlx_lm import load
+
+    return load(str(tiny_model))[0]
+
+
 @pytest.fixture(scope="session", autouse=True)
 def kept_figures_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
     """Workers the tests start keep their KV memory figures here, not in the user's cache dir."""
@@ -27,11 +35,6 @@ def kept_figures_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv(STATE_DIR_ENV, str(tmp_path_factory.mktemp("state")))
         yield
-
-
-@pytest.fixture
-def free_port() -> int:
-    return _free_port()
 
 
 @pytest.fixture(scope="session")

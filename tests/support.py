@@ -39,6 +39,18 @@ def veloxd_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "veloxd", *args]
 
 
+def run_python(code: str, timeout: float = 120, **env: str) -> subprocess.CompletedProcess:
+    """`python -c CODE` in a fresh interpreter in the repository, `env` added to this environment."""
+    return subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env={**os.environ, **env},
+    )
+
+
 def run_veloxd(*args: str, env: dict[str, str] | None = None, timeout: float = 60) -> subprocess.CompletedProcess:
     return subprocess.run(veloxd_cmd(*args), capture_output=True, text=True, timeout=timeout, cwd=REPO, env=env)
 

@@ -178,3 +178,13 @@ def split_available(arms: list[Arm]) -> tuple[list[Arm], dict[str, str]]:
         else:
             reasons[arm.label] = reason
     return ready, reasons
+
+
+def add_arms_option(parser: Any, help_prefix: str = "") -> None:
+    """`--arms a,b,...`: run only the arms with these labels (read back by `chosen`)."""
+    parser.add_argument("--arms", default="", help=f"{help_prefix}comma-separated arm labels (default all)")
+
+
+def chosen(arms_option: str) -> tuple[str, ...]:
+    """The labels given to --arms; empty: every arm."""
+    return tuple(label for label in arms_option.split(",") if label)

@@ -225,13 +225,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--contexts", type=int, nargs="+", help="custom plan: prompt lengths")
     parser.add_argument("--docs", type=int, default=1, help="custom plan: documents per context")
     parser.add_argument("--decode", type=int, default=16, help="custom plan: teacher-forced steps per document")
-    parser.add_argument("--arms", default="", help="custom plan: comma-separated arm labels (default all)")
+    arm_defs.add_arms_option(parser, "custom plan: ")
     parser.add_argument("--no-passkey", action="store_true", help="custom plan: skip pass-key trials")
     args = parser.parse_args(argv)
     started = time.time()
     log = make_logger(started)
     if args.contexts:
-        labels = tuple(a for a in args.arms.split(",") if a)
+        labels = arm_defs.chosen(args.arms)
         plan = Plan.custom(args.contexts, args.docs, args.decode, labels, not args.no_passkey)
     else:
         plan = Plan.quick() if args.quick else Plan.full()

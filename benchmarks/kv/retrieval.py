@@ -155,7 +155,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out-dir", type=Path, default=RESULTS)
     parser.add_argument("--contexts", type=int, nargs="+", default=list(CONTEXTS))
     parser.add_argument("--keys", type=int, default=0, help="keys per depth at every context (0 = KEYS_PER_DEPTH)")
-    parser.add_argument("--arms", default="", help="comma-separated arm labels (default all)")
+    arm_defs.add_arms_option(parser)
     parser.add_argument("--resume", action="store_true", help="keep the rows of an interrupted run's retrieval.json")
     args = parser.parse_args(argv)
     started = time.time()
@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> int:
     contexts = tuple(args.contexts)
     keys = {c: args.keys or KEYS_PER_DEPTH.get(c, 1) for c in contexts}
     bench_model, passkey, held_out = load_inputs(args.model)
-    labels = tuple(a for a in args.arms.split(",") if a)
+    labels = arm_defs.chosen(args.arms)
     header = {
         "provenance": provenance(args.model),
         "plan": {"contexts": contexts, "depths": DEPTHS_AT, "keys_per_depth": keys, "fractions": FRACTIONS},

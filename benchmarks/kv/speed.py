@@ -1,4 +1,4 @@
-"""`make bench-speed`: decode and prefill speed of every cache, side by side in one run (issue 30).
+"""`make bench-speed`: decode and prefill speed of every cache, side by side in one run.
 
 For each context (2k, 8k, 32k cached tokens; --quick: 2k and 8k) every arm's caches are filled by
 prefill in 1024-token chunks (benchmarks/kv/speed_model.py), then decode is timed in 3 interleaved

@@ -1,6 +1,6 @@
 """The speed benchmark's model, arms and cache filling (benchmarks/kv/speed.py runs them).
 
-Model (issue 30): a 2-layer random-weight llama with an 8B-like attention shape, 8 query heads,
+Model (the shape the speed goals were first measured on): a 2-layer random-weight llama with an 8B-like attention shape, 8 query heads,
 2 KV heads, head_dim 128, hidden 1024, float32. Caches are filled by prefill in 1024-token chunks;
 a batch of 4 is the single request's caches merged four times (as mlx_lm's BatchGenerator merges
 them); mlx_lm's QuantizedKVCache has no `merge`, so its rows are concatenated.

@@ -3,7 +3,7 @@
 Every veloxd arm starts twice per round: first with an empty state directory (its KV memory
 figure is measured), then again on the same directory (the figure is read back, `source:
 "cached"`). Rounds interleave every arm, so a machine that gets busier slows all arms alike;
-medians over rounds, and each median as a ratio of mlx_lm.server's. Targets (issue 30): second
+medians over rounds, and each median as a ratio of mlx_lm.server's. Targets (the project's cold-start goal): second
 start <= 1.1x mlx_lm.server for every arm, first start <= 1.5x.
 
 `python -m benchmarks.system.coldstart [--rounds N] [--model DIR] [--methods fp16,kivi,...]`;
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -27,17 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.model import model_path
+from testkit.ports import free_port
 
 MLX_LM = "mlx_lm.server"
 METHODS = ("fp16", "kivi", "snapkv", "turboquant_mse")
 TARGETS = {"first": 1.5, "second": 1.1}
 DEADLINE_S = 300.0  # one start on a busy machine; past it the arm failed
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def command(model: Path, method: str | None, port: int) -> list[str]:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.paths import REPO
+from testkit.daemon import daemon_argv
 from testkit.ports import free_port
 from testkit.process import cpu_seconds
 
@@ -38,18 +39,18 @@ def config_text(model: Path, ports: tuple[int, int], bits: int) -> str:
     return f"version: 1\nservers:\n  keep: {json.dumps(keep)}\n  edited: {json.dumps(edited)}\n"
 
 
-def start_daemon(config: Path, log: Path, state: Path) -> subprocess.Popen:
+def spawn_daemon(config: Path, log: Path, state: Path) -> subprocess.Popen:
     """`veloxd run` on `config`, its JSON log and state in the given places; the benchmark reads those, not stdout."""
-    argv = [sys.executable, "-m", "veloxd", "run", "--config", str(config), "--log-file", str(log)]
-    argv += ["--state-dir", str(state)]
-    return subprocess.Popen(argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return subprocess.Popen(
+        daemon_argv(config, log, state), cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+    )
 
 
 class Daemon:
     def __init__(self, root: Path, config: Path) -> None:
         self.log = root / "veloxd.jsonl"
         self.state = root / "state"
-        self.proc = start_daemon(config, self.log, self.state)
+        self.proc = spawn_daemon(config, self.log, self.state)
 
     def records(self) -> list[dict[str, Any]]:
         text = self.log.read_text() if self.log.exists() else ""

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from benchmarks.system.daemon import REPO, start_daemon
+from benchmarks.system.daemon import REPO, spawn_daemon
 from testkit.ports import free_port
 from testkit.process import cpu_seconds
 
@@ -95,7 +95,7 @@ class Daemon:
         lines = ["version: 1", f"gateway: {json.dumps({'port': gateway_port})}", "servers:"]
         lines += [f"  {name}: {json.dumps(body)}" for name, body in servers.items()]
         self.config.write_text("\n".join(lines) + "\n")
-        self.proc = start_daemon(self.config, self.log, root / "state")
+        self.proc = spawn_daemon(self.config, self.log, root / "state")
 
     def events(self, event: str, **match: Any) -> list[dict[str, Any]]:
         if not self.log.exists():

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from benchmarks.data import PassKey, TextSampler, TokenizedCorpus, random_key
+from benchmarks.data import PassKey, TextSampler, TokenizedCorpus, random_key, stacked
 
 ANSWER_WEIGHT = 4.0
 VOCAB = 2048  # the shared tiny-llama tokenizer's; ids below 6 are special tokens
@@ -219,9 +219,4 @@ class RetrievalStream:
 
     def batch(self, batch_size: int, length: int, copy_only: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """(batch, length + 1) tokens and (batch, length) loss weights aligned with the targets."""
-        rows, masks = [], []
-        for _ in range(batch_size):
-            tokens, weights = self.copy_sequence(length + 1) if copy_only else self.sequence(length + 1)
-            rows.append(tokens)
-            masks.append(weights[1:])
-        return np.stack(rows).astype(np.int32), np.stack(masks)
+        return stacked(self.copy_sequence if copy_only else self.sequence, batch_size, length)

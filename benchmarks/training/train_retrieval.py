@@ -18,8 +18,6 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import os
-import platform
 import shutil
 import sys
 import time
@@ -34,7 +32,7 @@ from benchmarks.model import ASSET
 from benchmarks.training.attention_guide import INDUCTION_MATCHES, guide_targets, guided_heads, guided_loss
 from benchmarks.training.retrieval_data import Mix, RetrievalStream
 from benchmarks.training.retrieval_probe import Probe
-from benchmarks.training.train_tiny import Trainer, learning_rate, log_step, model_config, phase_at
+from benchmarks.training.train_tiny import Trainer, finish, learning_rate, log_step, model_config, phase_at
 
 OUT = ASSET.parent / "tiny-llama-retrieval"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
@@ -258,17 +256,9 @@ def main(argv: list[str] | None = None) -> int:
         "train_tokens_in_corpus": corpus.total,
         "final_loss": next((r["loss"] for r in reversed(history) if "loss" in r), None),
         "final_probe": next((r for r in reversed(history) if "whole_key" in r), None),
-        "train_minutes": round((time.time() - train_start) / 60, 2),
-        "total_minutes": round((time.time() - started) / 60, 2),
         "resumed": bool(args.resume),
-        "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} cores (shared)",
-        "blas_preload": os.environ.get("LD_PRELOAD", ""),
-        "mlx": mx.__version__,
-        "history": history,
     }
-    (args.out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps({"event": "training_finished", "steps": step, "minutes": summary["total_minutes"]}), flush=True)
-    return 0
+    return finish(args.out, summary, history, step, (train_start, started))
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import platform
 import time
 from collections.abc import Callable
@@ -202,6 +203,24 @@ def planned_steps(
     return max(1, int(seconds / per_step))
 
 
+def finish(out: Path, summary: dict, history: list[dict], step: int, since: tuple[float, float]) -> int:
+    """Write out/training.json: the run's own `summary`, then what every run records (minutes of
+    training and in all since `since`, machine, BLAS preload, MLX version, loss history); announce the end."""
+    train_start, started = since
+    record = {
+        **summary,
+        "train_minutes": round((time.time() - train_start) / 60, 2),
+        "total_minutes": round((time.time() - started) / 60, 2),
+        "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} cores (shared)",
+        "blas_preload": os.environ.get("LD_PRELOAD", ""),
+        "mlx": mx.__version__,
+        "history": history,
+    }
+    (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")
+    print(json.dumps({"event": "training_finished", "steps": step, "minutes": record["total_minutes"]}), flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     started = time.time()
@@ -282,15 +301,8 @@ def main(argv: list[str] | None = None) -> int:
         "train_tokens_in_corpus": corpus.total,
         "lr": args.lr,
         "warmup": args.warmup,
-        "train_minutes": round((time.time() - train_start) / 60, 2),
-        "total_minutes": round((time.time() - started) / 60, 2),
-        "machine": f"{platform.machine()} {platform.system()}, {__import__('os').cpu_count()} cores (shared)",
-        "mlx": mx.__version__,
-        "history": history,
     }
-    (args.out / "training.json").write_text(json.dumps(summary, indent=2) + "\n")
-    print(json.dumps({"event": "training_finished", "steps": step, "minutes": summary["total_minutes"]}), flush=True)
-    return 0
+    return finish(args.out, summary, history, step, (train_start, started))
 
 
 if __name__ == "__main__":

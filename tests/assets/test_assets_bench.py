@@ -2,16 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
 from benchmarks.data import PassKey, TokenizedCorpus, TrainingStream, is_held_out
 from benchmarks.kv.pareto import front
-from tests.support import REPO
+from tests.support import run_python
 
 
 def test_outlier_variant_keeps_logits_and_makes_keys_heavy_tailed(tiny_model) -> None:
@@ -56,15 +52,8 @@ def test_held_out_split_is_deterministic_and_small() -> None:
         "from benchmarks.data import is_held_out; names = [f'pkg/module_{i}.py' for i in range(2000)]; "
         "print('\\n'.join(n for n in names if is_held_out(n)))"
     )
-    other = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        cwd=REPO,
-        env={**os.environ, "PYTHONHASHSEED": "12345"},
-        check=True,
-    )
+    other = run_python(code, PYTHONHASHSEED="12345")
+    assert other.returncode == 0, other.stderr
     assert other.stdout.split() == held
     assert 0.01 < len(held) / len(names) < 0.06
 

@@ -5,15 +5,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 ASSET = Path(__file__).resolve().parents[2] / "veloxd" / "assets" / "tiny-llama"
 MAX_BYTES = 10 * 1024 * 1024
 
 
-def test_weights_are_fp16_and_within_size_bound() -> None:
+@pytest.mark.parametrize("shipped", ["tiny-llama", "tiny-llama-retrieval"])
+def test_weights_are_fp16_and_within_size_bound(shipped: str) -> None:
+    """Both shipped models (this one and tests/assets/test_assets_retrieval_model.py's)."""
     import mlx.core as mx
 
-    assert (ASSET / "model.safetensors").stat().st_size <= MAX_BYTES
-    weights = mx.load(str(ASSET / "model.safetensors"))
+    weights_file = ASSET.parent / shipped / "model.safetensors"
+    assert weights_file.stat().st_size <= MAX_BYTES
+    weights = mx.load(str(weights_file))
     assert {w.dtype for w in weights.values()} == {mx.float16}
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import re
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
@@ -65,12 +66,19 @@ def test_pass_key_sits_at_the_asked_depth_and_is_answered(pieces, depth: float) 
     assert PASS_KEY_QUESTION in passkey.tokenizer.decode(tokens.tolist())
 
 
-def test_recall_lines_ask_for_the_values_that_were_defined(pieces) -> None:
+def sequences(pieces, kind: str, seed: int, lengths: tuple[int, ...]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+    """One stream's `kind` sequences (recall, copy) at each length: tokens and weights, both that long."""
     passkey, corpus = pieces
-    stream = RetrievalStream(corpus, passkey, seed=2)
-    for length in (129, 1025):
-        tokens, weights = stream.recall_sequence(length)
+    stream = RetrievalStream(corpus, passkey, seed=seed)
+    for length in lengths:
+        tokens, weights = getattr(stream, f"{kind}_sequence")(length)
         assert len(tokens) == len(weights) == length
+        yield tokens, weights
+
+
+def test_recall_lines_ask_for_the_values_that_were_defined(pieces) -> None:
+    passkey, _ = pieces
+    for tokens, weights in sequences(pieces, "recall", 2, (129, 1025)):
         text = passkey.tokenizer.decode(tokens.tolist())
         defined = dict(re.findall(r"\n(\w+_\d) = (\d{5})\n", text))
         asked = re.findall(r"\nassert (\w+_\d) == (\d{5})\n", text)
@@ -81,10 +89,7 @@ def test_recall_lines_ask_for_the_values_that_were_defined(pieces) -> None:
 
 def test_copy_blocks_repeat_after_random_separators_and_only_repeats_weigh(pieces) -> None:
     passkey, corpus = pieces
-    stream = RetrievalStream(corpus, passkey, seed=4)
-    for length in (33, 257):
-        tokens, weights = stream.copy_sequence(length)
-        assert len(tokens) == len(weights) == length
+    for tokens, weights in sequences(pieces, "copy", 4, (33, 257)):
         weighed = np.flatnonzero(weights)
         assert len(weighed) > 0
         assert set(np.unique(weights)) <= {0.0, 1.0} and weights[0] == 0.0

@@ -45,7 +45,7 @@ def test_top_level_not_a_mapping(tmp_path: Path, text: str, what: str) -> None:
     ],
 )
 def test_yaml_syntax_errors(tmp_path: Path, text: str, line: int, column: int, fragment: str) -> None:
-    got = only_issue(write_config(tmp_path, text, dedent=False))
+    got = issue_in(tmp_path, text)
     assert got[:3] == (line, column, "$")
     assert got[3].startswith("YAML syntax error: ") and fragment in got[3]
 
@@ -58,12 +58,12 @@ def test_yaml_syntax_errors(tmp_path: Path, text: str, line: int, column: int, f
     ],
 )
 def test_tabs(tmp_path: Path, text: str, line: int, column: int) -> None:
-    assert only_issue(write_config(tmp_path, text, dedent=False)) == (
-        line,
-        column,
-        "$",
-        "tab character: YAML indents and separates with spaces only",
-    )
+    assert issue_in(tmp_path, text) == (line, column, "$", "tab character: YAML indents and separates with spaces only")
+
+
+def issue_in(tmp_path: Path, text: str) -> tuple[int, int, str, str]:
+    """The one problem found in a config of exactly `text`: line, column, JSON path, message."""
+    return only_issue(write_config(tmp_path, text, dedent=False))
 
 
 def test_non_utf8_byte_is_located(tmp_path: Path) -> None:
@@ -85,17 +85,12 @@ def test_utf8_bom_is_accepted(tmp_path: Path) -> None:
 
 def test_control_character_is_located(tmp_path: Path) -> None:
     text = "version: 1\nservers: {}\ndescription: 'a\x07b'\n"
-    assert only_issue(write_config(tmp_path, text, dedent=False)) == (
-        3,
-        16,
-        "$",
-        "character U+0007 is not allowed in YAML",
-    )
+    assert issue_in(tmp_path, text) == (3, 16, "$", "character U+0007 is not allowed in YAML")
 
 
 def test_file_over_the_size_cap(tmp_path: Path) -> None:
     text = VALID + "# " + "x" * MAX_BYTES + "\n"
-    line, column, path, message = only_issue(write_config(tmp_path, text, dedent=False))
+    line, column, path, message = issue_in(tmp_path, text)
     assert (line, column, path) == (1, 1, "$")
     assert f"the limit is {MAX_BYTES} (1 MiB)" in message
 
@@ -105,7 +100,7 @@ def test_alias_bomb_is_bounded(tmp_path: Path) -> None:
     for prev, name in zip("abcdefgh", "bcdefghi"):
         layers.append(f"x-{name}: &{name} [" + ", ".join([f"*{prev}"] * 10) + "]")
     text = "version: 1\n" + "\n".join(layers) + "\nservers: {}\n"  # 10**9 strings if expanded
-    line, column, path, message = only_issue(write_config(tmp_path, text, dedent=False))
+    line, column, path, message = issue_in(tmp_path, text)
     # x-a..x-d expand to 11110 values; x-e's 100000 leaves cross the 100000 budget
     assert (line, column, path) == (6, 1, "$.x-e")
     assert message == "aliases expand to more than 100000 values (an alias bomb?)"
@@ -113,18 +108,13 @@ def test_alias_bomb_is_bounded(tmp_path: Path) -> None:
 
 def test_recursive_alias(tmp_path: Path) -> None:
     text = "version: 1\nx-loop: &loop [1, *loop]\nservers: {}\n"
-    assert only_issue(write_config(tmp_path, text, dedent=False)) == (
-        2,
-        9,
-        "$.x-loop[1]",
-        "recursive alias: a value contains itself",
-    )
+    assert issue_in(tmp_path, text) == (2, 9, "$.x-loop[1]", "recursive alias: a value contains itself")
 
 
 def test_deep_nesting(tmp_path: Path) -> None:
     text = "version: 1\nx-deep: " + "[" * 200 + "]" * 200 + "\nservers: {}\n"
     # the root mapping is level 1, so the k-th '[' (column 8 + k) is level k + 1: the 64th is too deep
-    assert only_issue(write_config(tmp_path, text, dedent=False)) == (2, 72, "$", "nesting deeper than 64 levels")
+    assert issue_in(tmp_path, text) == (2, 72, "$", "nesting deeper than 64 levels")
 
 
 def test_duplicate_keys_are_errors_not_last_wins(tmp_path: Path) -> None:
@@ -156,7 +146,7 @@ def test_duplicate_keys_are_errors_not_last_wins(tmp_path: Path) -> None:
     ],
 )
 def test_version(tmp_path: Path, text: str, expected: tuple) -> None:
-    assert only_issue(write_config(tmp_path, text, dedent=False)) == expected
+    assert issue_in(tmp_path, text) == expected
 
 
 def test_unreadable_paths_are_flagged_for_exit_2(tmp_path: Path) -> None:
@@ -242,22 +232,12 @@ def test_yaml_11_booleans_are_strings(tmp_path: Path) -> None:
 )
 def test_tags_and_nan(tmp_path: Path, value: str, line: int, column: int, message: str) -> None:
     text = VALID + f"    sampling:\n      temp: {value}\n"
-    assert only_issue(write_config(tmp_path, text, dedent=False)) == (
-        line,
-        column,
-        "$.servers.chat.sampling.temp",
-        message,
-    )
+    assert issue_in(tmp_path, text) == (line, column, "$.servers.chat.sampling.temp", message)
 
 
 def test_complex_key(tmp_path: Path) -> None:
     text = "version: 1\nservers: {}\n? [a, b]\n: 1\n"
-    assert only_issue(write_config(tmp_path, text, dedent=False)) == (
-        3,
-        3,
-        "$",
-        "a key must be a plain name, not a list or mapping",
-    )
+    assert issue_in(tmp_path, text) == (3, 3, "$", "a key must be a plain name, not a list or mapping")
 
 
 def test_yaml_12_numbers(tmp_path: Path) -> None:

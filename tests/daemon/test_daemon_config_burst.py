@@ -1,4 +1,4 @@
-"""A burst of edits ending on an invalid file (issue 29): the file as it stands counts, loudly.
+"""A burst of edits ending on an invalid file: the file as it stands counts, loudly.
 
 100 saves as fast as the test can make them, valid (a new description) and invalid in turn, the
 last one invalid: the servers keep the last config applied, and the refusal says how many

@@ -10,10 +10,8 @@ import hashlib
 import os
 import signal
 import socket
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
-
-import pytest
 
 from tests.fixtures.daemon_harness import DEADLINE_S, DaemonHarness, entry, pid_alive, wait_for, wait_gone
 from tests.support import free_port
@@ -29,22 +27,9 @@ SERVERS: dict[str, Callable[[], dict[str, Any]]] = {
 }
 
 
-@pytest.fixture
-def start_daemon(tmp_path) -> Iterator[Callable[..., DaemonHarness]]:
-    """`start_daemon("crashy", ...)`: a running daemon with those servers (extra entries by keyword)."""
-    started: list[DaemonHarness] = []
-
-    def start(*names: str, **extra: dict[str, Any]) -> DaemonHarness:
-        h = DaemonHarness(tmp_path / f"d{len(started)}")
-        h.servers = {**{name: SERVERS[name]() for name in names}, **extra}  # type: ignore[attr-defined]
-        h.write(h.servers)  # type: ignore[attr-defined]
-        h.start()
-        started.append(h)
-        return h
-
-    yield start
-    for h in started:
-        h.cleanup()
+def named(*names: str, **extra: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Entries for `start_daemon` (tests/daemon/conftest.py): SERVERS' by name, then extra ones by keyword."""
+    return {**{name: SERVERS[name]() for name in names}, **extra}
 
 
 def kill_until_fatal(daemon: DaemonHarness, name: str) -> None:
@@ -67,7 +52,7 @@ def kill_until_fatal(daemon: DaemonHarness, name: str) -> None:
 
 def test_killed_worker_backs_off_then_goes_fatal_after_the_limit(start_daemon) -> None:
     """kill -9 three times (max_failures=3): BACKOFF with growing delays, then FATAL, no more starts."""
-    daemon = start_daemon("crashy")
+    daemon = start_daemon(named("crashy"))
     delays = []
     for attempt in (1, 2, 3):
         servers = daemon.wait_states({"crashy": "ready"})
@@ -88,7 +73,7 @@ def test_killed_worker_backs_off_then_goes_fatal_after_the_limit(start_daemon) -
 
 def test_fatal_server_stays_down_until_restarted_by_name(start_daemon) -> None:
     """FATAL is left only by `veloxd restart NAME` (or a config change); failures start over."""
-    daemon = start_daemon("crashy")
+    daemon = start_daemon(named("crashy"))
     kill_until_fatal(daemon, "crashy")
     assert daemon.server("crashy")["pid"] is None
     mark = daemon.mark()
@@ -102,7 +87,7 @@ def test_fatal_server_stays_down_until_restarted_by_name(start_daemon) -> None:
 
 def test_exit_code_2_is_fatal_at_once(start_daemon) -> None:
     """Invalid input never fixes itself: one start, FATAL, with the worker's own message attached."""
-    daemon = start_daemon("invalid")
+    daemon = start_daemon(named("invalid"))
     fatal = daemon.wait_event("server_fatal", server="invalid")
     assert "code 2" in fatal["reason"]
     assert "fake worker: failing with code 2" in fatal["last_lines"]["stderr"]
@@ -112,7 +97,7 @@ def test_exit_code_2_is_fatal_at_once(start_daemon) -> None:
 def test_worker_echoing_another_kv_config_is_refused(start_daemon) -> None:
     """The daemon passes the entry as one --entry-json document and checks that READY echoes its KV
     settings: a mismatch is FATAL, named."""
-    daemon = start_daemon("skewed")
+    daemon = start_daemon(named("skewed"))
     refused = daemon.wait_event("server_refused", server="skewed")
     assert "different KV config" in refused["reason"] and "bits: asked 2, got 4" in refused["reason"]
     fatal = daemon.wait_event("server_fatal", server="skewed")
@@ -129,7 +114,7 @@ def test_port_held_by_another_process_waits_naming_the_port_then_starts_once_fre
     held.listen()
     port = held.getsockname()[1]
     try:
-        daemon = start_daemon("crashy", squatted=entry(port))
+        daemon = start_daemon(named("crashy", squatted=entry(port)))
         waiting = daemon.wait_event("server_waiting", server="squatted")
         assert f"port {port} on 127.0.0.1 is already in use" in waiting["reason"]
         assert waiting["conditions"][0]["kind"] == "port"
@@ -146,7 +131,7 @@ def test_port_held_by_another_process_waits_naming_the_port_then_starts_once_fre
 
 def test_worker_that_never_gets_ready_is_killed_and_backs_off(start_daemon) -> None:
     """No READY line within ready_timeout_s: SIGKILL, counted as a failed start, FATAL at the limit."""
-    daemon = start_daemon("silent")
+    daemon = start_daemon(named("silent"))
     timeout = daemon.wait_event("server_ready_timeout", server="silent")
     assert timeout["ready_timeout_s"] == 0.5
     backoff = daemon.wait_event("server_backoff", server="silent")
@@ -158,7 +143,7 @@ def test_worker_that_never_gets_ready_is_killed_and_backs_off(start_daemon) -> N
 
 def test_fatal_server_starts_again_when_its_entry_changes(start_daemon) -> None:
     """Fixing the entry of a FATAL server (here: its env) is a config change: it starts and gets ready."""
-    daemon = start_daemon("invalid")
+    daemon = start_daemon(named("invalid"))
     daemon.wait_states({"invalid": "fatal"})
     mark = daemon.mark()
     daemon.servers["invalid"] = {**daemon.servers["invalid"], "env": {}}  # type: ignore[attr-defined]
@@ -171,7 +156,7 @@ def test_fatal_server_starts_again_when_its_entry_changes(start_daemon) -> None:
 
 def test_live_only_change_to_a_fatal_entry_starts_it_again(start_daemon) -> None:
     """Raising ready_timeout_s restarts nothing that runs, but a FATAL server gets another chance."""
-    daemon = start_daemon("silent", "crashy")
+    daemon = start_daemon(named("silent", "crashy"))
     daemon.wait_states({"silent": "fatal"})
     mark = daemon.mark()
     daemon.servers["silent"] = {**daemon.servers["silent"], "ready_timeout_s": 0.6}  # type: ignore[attr-defined]
@@ -186,7 +171,7 @@ def test_live_only_change_to_a_fatal_entry_starts_it_again(start_daemon) -> None
 def test_saves_during_a_reload_coalesce_into_one_follow_up(start_daemon) -> None:
     """While a reload waits for a slow stop, five more saves lead to exactly one follow-up reload,
     which applies the last of them."""
-    daemon = start_daemon("stubborn")
+    daemon = start_daemon(named("stubborn"))
     daemon.wait_states({"stubborn": "ready"})
     servers = daemon.servers  # type: ignore[attr-defined]
     mark = daemon.mark()
@@ -208,7 +193,7 @@ def test_saves_during_a_reload_coalesce_into_one_follow_up(start_daemon) -> None
 
 def test_stop_escalates_to_sigkill_after_stop_timeout(start_daemon) -> None:
     """A worker ignoring SIGTERM is killed after its stop_timeout_s; then SIGTERM ends the daemon, exit 0."""
-    daemon = start_daemon("stubborn")
+    daemon = start_daemon(named("stubborn"))
     daemon.wait_states({"stubborn": "ready"})
     spawned = daemon.spawned_pids()
     mark = daemon.mark()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -12,7 +11,7 @@ from pathlib import Path
 import psutil
 
 from tests.fixtures.daemon_harness import DaemonHarness, entry, pid_alive, wait_gone
-from tests.support import free_port, wait_until
+from tests.support import free_port, run_python, wait_until
 
 
 def make_model_dir(path: Path) -> Path:
@@ -127,13 +126,7 @@ def test_daemon_code_never_imports_mlx() -> None:
         "bad = sorted(m for m in sys.modules if m == 'mlx' or m.startswith(('mlx.', 'mlx_lm')))\n"
         "assert not bad, bad\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", "")},
-    )
+    result = run_python(code, timeout=60)
     assert result.returncode == 0, result.stderr
 
 

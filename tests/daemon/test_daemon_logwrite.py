@@ -1,4 +1,4 @@
-"""Log records that cannot be written are counted, shown and announced, never silent (issue 29).
+"""Log records that cannot be written are counted, shown and announced, never silent.
 
 A real daemon (stand-in workers, a real dashboard for /metrics) whose log file stops being
 writable in ways root cannot bypass either: its directory replaced by a regular file, a full
@@ -23,7 +23,7 @@ import pytest
 
 from tests.fixtures.daemon_harness import DaemonHarness, entry, wait_for
 from tests.support import free_port, http_json
-from tests.web.support import Page, config_text
+from tests.web.support import Page, dashboard_daemon
 from veloxd.daemon.logs import configure_logging, get_logger, log_write_status, take_write_failure
 
 CHAT = {"messages": [{"role": "user", "content": "hi"}]}
@@ -32,16 +32,8 @@ CHAT = {"messages": [{"role": "user", "content": "hi"}]}
 @pytest.fixture
 def daemon(tmp_path: Path) -> Iterator[tuple[DaemonHarness, Page]]:
     """A daemon with one stand-in server `alpha` and a dashboard, both ready."""
-    h = DaemonHarness(tmp_path)
-    page = Page(h, free_port())
-    h.write(config_text({"alpha": entry(free_port())}, {"port": page.port, "interval_s": 0.5}))
-    try:
-        h.start()
-        h.wait_states({"alpha": "ready"})
-        page.wait_ready()
-        yield h, page
-    finally:
-        h.cleanup()
+    with dashboard_daemon(tmp_path, {"alpha": entry(free_port())}) as running:
+        yield running
 
 
 def log_write(h: DaemonHarness) -> dict[str, Any]:
@@ -116,26 +108,20 @@ def test_full_disk(tmp_path: Path) -> None:
     disk.mkdir()
     if not _mount("-t", "tmpfs", "-o", "size=256k", "tmpfs", str(disk)):
         pytest.skip("mounting a tmpfs needs root (CAP_SYS_ADMIN); /dev/full covers ENOSPC in process")
-    h = DaemonHarness(tmp_path / "d")
-    h.log_file = disk / "logs" / "veloxd.jsonl"
-    page = Page(h, free_port())
-    h.write(config_text({"alpha": entry(free_port())}, {"port": page.port, "interval_s": 0.5}))
+    alpha = {"alpha": entry(free_port())}
     try:
-        h.start()
-        h.wait_states({"alpha": "ready"})
-        page.wait_ready()
-        filler = disk / "filler"
-        with open(filler, "wb", buffering=0) as out, pytest.raises(OSError, match="No space left"):
-            while True:
-                out.write(b"x" * 4096)
-        # The log file's last block takes records until it is full too: the gap starts after them.
-        wait_for(lambda: h.cli("reload") and log_write(h).get("failing"), 120, "the first lost record")
-        mark = h.mark()
-        lost = break_then_restart_a_worker(h, page, "No space left on device")
-        filler.unlink()
-        recover(h, page, mark, lost)
+        with dashboard_daemon(tmp_path / "d", alpha, log_file=disk / "logs" / "veloxd.jsonl") as (h, page):
+            filler = disk / "filler"
+            with open(filler, "wb", buffering=0) as out, pytest.raises(OSError, match="No space left"):
+                while True:
+                    out.write(b"x" * 4096)
+            # The log file's last block takes records until it is full too: the gap starts after them.
+            wait_for(lambda: h.cli("reload") and log_write(h).get("failing"), 120, "the first lost record")
+            mark = h.mark()
+            lost = break_then_restart_a_worker(h, page, "No space left on device")
+            filler.unlink()
+            recover(h, page, mark, lost)
     finally:
-        h.cleanup()
         subprocess.run(["umount", str(disk)], check=False)
 
 

@@ -1,4 +1,4 @@
-"""A model path through two symlinks is followed through both (issue 29).
+"""A model path through two symlinks is followed through both.
 
 `models/current -> ../links/v -> ../store/v1`: swapping the inner link `v` to `v2` changes what
 `current` names without any event in `models/`. The daemon watches each inner link's directory

@@ -14,7 +14,6 @@ import shutil
 import signal
 import subprocess
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ SHIPPED = REPO / "veloxd" / "assets" / "tiny-llama"
 LOAD_S = 300  # several model loads at once on two busy cores
 API_KEY = "sk-veloxd-test-key-4242"
 HUB_TOKEN = "hf_secret_token_0123456789"
+REAL_WORKERS: dict[str, Any] = {"real_worker": True, "env": {"VELOXD_REL_KEY": API_KEY}}  # start_daemon's flags
 RESTART = {"max_failures": 2, "window_s": 600, "backoff_initial_s": 0.2, "backoff_max_s": 0.4}
 
 
@@ -57,24 +57,6 @@ def put_in_place(source: Path, target: Path) -> None:
 
 
 @pytest.fixture
-def start_daemon(tmp_path: Path) -> Iterator[Any]:
-    """`start_daemon(name=entry, ...)`: a running daemon with real workers; `h.models` is a scratch dir."""
-    started: list[DaemonHarness] = []
-
-    def start(**servers: dict[str, Any]) -> DaemonHarness:
-        h = DaemonHarness(tmp_path / f"d{len(started)}", real_worker=True)
-        h.servers = servers  # type: ignore[attr-defined]
-        h.write(servers)
-        h.start(env={"VELOXD_REL_KEY": API_KEY})
-        started.append(h)
-        return h
-
-    yield start
-    for h in started:
-        h.cleanup()
-
-
-@pytest.fixture
 def models(tmp_path: Path) -> Path:
     path = tmp_path / "models"
     path.mkdir()
@@ -85,12 +67,12 @@ def save(daemon: DaemonHarness) -> None:
     daemon.write(daemon.servers)  # type: ignore[attr-defined]
 
 
-def test_1_missing_model_waits_alone_and_starts_when_its_directory_appears(start_daemon: Any, models: Path) -> None:
+def test_missing_model_waits_alone_and_starts_when_its_directory_appears(start_daemon: Any, models: Path) -> None:
     """One entry's missing model directory no longer invalidates the file. That entry WAITS
     (visible in status, exit code 3); the others run; edits to others apply; reload does not repeat
     a cached rejection; once the directory is moved into place the entry comes up by itself."""
     late = models / "late"
-    daemon = start_daemon(alpha=real(free_port(), SHIPPED), late=real(free_port(), late))
+    daemon = start_daemon(dict(alpha=real(free_port(), SHIPPED), late=real(free_port(), late)), **REAL_WORKERS)
     waiting = daemon.wait_event("server_waiting", server="late", timeout=60)
     assert waiting["reason"] == f"model path {late} does not exist (yet)"
     assert waiting["conditions"] == [{"kind": "model_path", "key": "model", "message": waiting["reason"]}]
@@ -118,13 +100,13 @@ def test_1_missing_model_waits_alone_and_starts_when_its_directory_appears(start
     assert daemon.wait_states({"alpha": "ready", "late": "ready"}) and daemon.cli("status").returncode == 0
 
 
-def test_5_fatal_entry_is_revived_when_its_model_directory_is_replaced(start_daemon: Any, models: Path) -> None:
+def test_fatal_entry_is_revived_when_its_model_directory_is_replaced(start_daemon: Any, models: Path) -> None:
     """The model watch follows the path (its parent is watched). A FATAL entry whose
     directory is replaced by a rename (a new revision moved into place) is started again, and
     writing into the moved-away old directory restarts nothing (it used to)."""
     broken = copy_model(models / "broken", broken_weights=True)  # loads fail: exit 3, twice: FATAL
     spare = models / "spare"  # waits for its model; its directory is the yardstick below
-    daemon = start_daemon(broken=real(free_port(), broken), spare=real(free_port(), spare))
+    daemon = start_daemon(dict(broken=real(free_port(), broken), spare=real(free_port(), spare)), **REAL_WORKERS)
     daemon.wait_states({"broken": "fatal", "spare": "waiting"}, timeout=LOAD_S)
     assert "2 failures" in daemon.events("server_fatal", server="broken")[-1]["reason"]
     mark = daemon.mark()
@@ -145,10 +127,10 @@ def test_5_fatal_entry_is_revived_when_its_model_directory_is_replaced(start_dae
     assert daemon.server("broken")["pid"] == ready["pid"]
 
 
-def test_7_fatal_reason_is_the_workers_own_error_line(start_daemon: Any, models: Path) -> None:
+def test_fatal_reason_is_the_workers_own_error_line(start_daemon: Any, models: Path) -> None:
     """`server_fatal` and `status` carry what the worker said, not only 'exit 2'."""
     alien = copy_model(models / "alien", model_type="no_such_architecture")
-    daemon = start_daemon(alien={**real(free_port(), alien), "method": "affine", "bits": 4})
+    daemon = start_daemon(dict(alien={**real(free_port(), alien), "method": "affine", "bits": 4}), **REAL_WORKERS)
     daemon.wait_states({"alien": "fatal"}, timeout=LOAD_S)
     fatal = daemon.events("server_fatal", server="alien")[-1]
     assert fatal["reason"].startswith("worker exited with code 2: error: cannot serve")
@@ -158,11 +140,11 @@ def test_7_fatal_reason_is_the_workers_own_error_line(start_daemon: Any, models:
     assert f"alien: {fatal['reason']}" in status.stdout and status.returncode == 3
 
 
-def test_2_moved_or_deleted_log_is_reopened_and_logs_says_which_file(start_daemon: Any) -> None:
+def test_moved_or_deleted_log_is_reopened_and_logs_says_which_file(start_daemon: Any) -> None:
     """After the log is moved (logrotate) the daemon writes to a new file at the path;
     after it is deleted, SIGHUP recreates it; `veloxd logs` reads the new file, and says so clearly
     when the path has no file instead of printing nothing with exit 0."""
-    daemon = start_daemon(alpha=real(free_port(), SHIPPED))
+    daemon = start_daemon(dict(alpha=real(free_port(), SHIPPED)), **REAL_WORKERS)
     daemon.wait_states({"alpha": "ready"}, timeout=LOAD_S)
     log = daemon.log_file
     os.rename(log, log.with_name("veloxd.jsonl.rotated"))
@@ -184,11 +166,11 @@ def test_2_moved_or_deleted_log_is_reopened_and_logs_says_which_file(start_daemo
     assert daemon.wait_event("config_unchanged", source="sighup", timeout=60)
 
 
-def test_3_state_write_failure_is_logged_retried_and_stops_no_server(start_daemon: Any) -> None:
+def test_state_write_failure_is_logged_retried_and_stops_no_server(start_daemon: Any) -> None:
     """The state directory becomes unusable (here: replaced by a file, which fails for root
     too); the next state write fails, `state_write_failed` is logged, the daemon and its servers go
     on; once the directory is back, the next change is written and `state_write_recovered` logged."""
-    daemon = start_daemon(alpha=real(free_port(), SHIPPED))
+    daemon = start_daemon(dict(alpha=real(free_port(), SHIPPED)), **REAL_WORKERS)
     before = daemon.wait_states({"alpha": "ready"}, timeout=LOAD_S)
     away = daemon.state_dir.with_name("state.away")
     os.rename(daemon.state_dir, away)
@@ -217,10 +199,10 @@ def test_3_state_write_failure_is_logged_retried_and_stops_no_server(start_daemo
     assert daemon.server("alpha")["pid"] == before["alpha"]["pid"]
 
 
-def test_6_alias_bomb_by_size_is_refused_and_the_daemon_keeps_serving(start_daemon: Any) -> None:
+def test_alias_bomb_by_size_is_refused_and_the_daemon_keeps_serving(start_daemon: Any) -> None:
     """A file under 1 MiB whose anchors point at a 900 KB string used a thousand times is
     refused with a located error (it used to take gigabytes); every server keeps running."""
-    daemon = start_daemon(alpha=real(free_port(), SHIPPED))
+    daemon = start_daemon(dict(alpha=real(free_port(), SHIPPED)), **REAL_WORKERS)
     before = daemon.wait_states({"alpha": "ready"}, timeout=LOAD_S)
     good = daemon.config.read_text()
     big = "x" * 900_000
@@ -236,12 +218,15 @@ def test_6_alias_bomb_by_size_is_refused_and_the_daemon_keeps_serving(start_daem
     daemon.wait_event("config_reloaded", after=mark, timeout=60)
 
 
-def test_7_secrets_redacted_auth_scheme_status_codes_closed_pipe(start_daemon: Any) -> None:
+def test_secrets_redacted_auth_scheme_status_codes_closed_pipe(start_daemon: Any) -> None:
     """The entry's HF_TOKEN and the api_key_env value appear nowhere in the state file,
     `status --json` or the log; `Authorization: bearer ...` (lowercase scheme, RFC 7235) is accepted;
     `status` exits 0 with every server ready; `veloxd status | true` (reader gone before we write)
     ends without a traceback."""
-    daemon = start_daemon(alpha=real(free_port(), SHIPPED, api_key_env="VELOXD_REL_KEY", env={"HF_TOKEN": HUB_TOKEN}))
+    daemon = start_daemon(
+        dict(alpha=real(free_port(), SHIPPED, api_key_env="VELOXD_REL_KEY", env={"HF_TOKEN": HUB_TOKEN})),
+        **REAL_WORKERS,
+    )
     daemon.wait_states({"alpha": "ready"}, timeout=LOAD_S)
     state_text = (daemon.state_dir / "state.json").read_text()
     assert json.loads(state_text)["config"]["servers"]["alpha"]["env"] == {"HF_TOKEN": "<redacted>"}

@@ -144,6 +144,7 @@ def test_twenty_rapid_saves_cause_at_most_two_restarts(daemon: DaemonHarness) ->
     assert after["a"] != before["a"] and after["b"] == before["b"] and after["c"] == before["c"]
     readies = [r for r in daemon.records()[mark:] if r["event"] == "server_ready" and r["server"] == "a"]
     assert readies[-1]["ready"]["bits"] == widths[-1]  # the server that runs now runs the last content
+    assert readies[-1]["pid"] == after["a"]
 
 
 def test_identical_content_and_sighup_are_noops(daemon: DaemonHarness) -> None:

@@ -1,4 +1,4 @@
-"""Ctrl-C under a wrapper that forwards it (`make run`) is one request to stop, not two (issue 29).
+"""Ctrl-C under a wrapper that forwards it (`make run`) is one request to stop, not two.
 
 The terminal's SIGINT reaches the whole foreground group, daemon included, and the demo forwards
 its own copy: the daemon merges signals closer together than REPEAT_WINDOW_S, so its workers get

@@ -1,4 +1,4 @@
-"""`veloxd status` fits on-demand servers (issue 29): its exit code, RESTARTS and the crash's cause.
+"""`veloxd status` fits on-demand servers: its exit code, RESTARTS and the crash's cause.
 
 Each row of the exit-code table (veloxd/daemon/exitcodes.py) is tested on a state of that row;
 docs/operations.md must show the table as the code has it; then a real daemon with a gateway and

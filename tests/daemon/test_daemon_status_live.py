@@ -1,4 +1,4 @@
-"""`veloxd status` while the state file cannot be written shows the daemon's live view (issue 29).
+"""`veloxd status` while the state file cannot be written shows the daemon's live view.
 
 The state directory becomes read-only (root: a read-only bind mount; others: mode 0555), a worker
 is killed and restarted: the file keeps the dead pid, but `status` asks the daemon over its

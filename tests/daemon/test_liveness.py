@@ -9,12 +9,9 @@ the spawner's check_health only records the probe; the test reports each outcome
 from __future__ import annotations
 
 import signal
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
-import structlog
-from structlog.testing import capture_logs
 
 from tests.daemon.test_supervisor_inprocess import FakeSpawner, bring_up, config_of, make_entry, names_of
 from tests.support import free_port
@@ -70,22 +67,6 @@ def test_unresponsive_is_entered_only_from_ready_and_left_like_a_crash() -> None
 
 
 # ---- through the real Supervisor, with a fake clock -------------------------------------------
-@pytest.fixture
-def events() -> Iterator[list[dict[str, Any]]]:
-    with capture_logs() as captured:
-        yield captured
-
-
-@pytest.fixture
-def spawner() -> FakeSpawner:
-    return FakeSpawner()
-
-
-@pytest.fixture
-def supervisor(spawner: FakeSpawner) -> Supervisor:
-    return Supervisor(spawner, structlog.get_logger("test"))  # type: ignore[arg-type]
-
-
 def ready_server(supervisor: Supervisor, spawner: FakeSpawner, **extra: Any) -> Any:
     a = make_entry("a", free_port(), health=dict(HEALTH), **extra)
     supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)

@@ -11,13 +11,8 @@ from __future__ import annotations
 import os
 import signal
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
-
-import pytest
-import structlog
-from structlog.testing import capture_logs
 
 from tests.fixtures.daemon_harness import FAKE_MODEL
 from tests.support import free_port
@@ -107,22 +102,6 @@ def make_entry(name: str, port: int, **extra: Any) -> ServerEntry:
 
 def config_of(*entries: ServerEntry) -> Config:
     return Config(version=1, servers={e.name: e for e in entries}, source="<test>", sha256="0" * 64)
-
-
-@pytest.fixture
-def events() -> Iterator[list[dict[str, Any]]]:
-    with capture_logs() as captured:
-        yield captured
-
-
-@pytest.fixture
-def spawner() -> FakeSpawner:
-    return FakeSpawner()
-
-
-@pytest.fixture
-def supervisor(spawner: FakeSpawner) -> Supervisor:
-    return Supervisor(spawner, structlog.get_logger("test"))  # type: ignore[arg-type]
 
 
 def ready_line(sup: Supervisor, name: str) -> dict[str, Any]:

@@ -54,43 +54,27 @@ def test_a_local_pair_is_valid_and_round_trips_through_the_state_file(tmp_path: 
     assert plain.distributed is None and plain.to_dict()["distributed"] is None
 
 
+TWO = "  hosts: [127.0.0.1, 127.0.0.1]\n"  # a valid two-rank group on this machine
+AT = "$.servers.coder.distributed"  # where the distributed block's mistakes are located
+
+
 @pytest.mark.parametrize(
     ("block", "where", "says"),
     [
-        ("  backend: ring\n", "$.servers.coder.distributed", "exactly one of hosts"),
-        ("  hosts: [127.0.0.1]\n", "$.servers.coder.distributed.hosts", "too short"),
-        ("  hosts: [127.0.0.1, myhost]\n", "$.servers.coder.distributed.hosts[1]", "needs an IP address for rank 1"),
-        ("  hosts: [192.0.2.7, 127.0.0.1]\n", "$.servers.coder.distributed.hosts[0]", "must be this machine"),
-        ("  hosts: [127.0.0.1, 192.0.2.7]\n", "$.servers.coder.distributed.hosts[0]", "reachable only on loopback"),
-        (
-            "  hosts: [127.0.0.1, 127.0.0.1]\n  backend: jaccl\n",
-            "$.servers.coder.distributed.backend",
-            "needs a hostfile",
-        ),
-        ("  hosts: [127.0.0.1, 127.0.0.1]\n  backend: mpi\n", "$.servers.coder.distributed.backend", "choose one of"),
-        ("  hosts: [127.0.0.1, 127.0.0.1, 127.0.0.1]\n", "$.servers.coder.distributed.hosts", "does not divide by 3"),
-        (
-            "  hosts: [127.0.0.1, 127.0.0.1]\n  parallelism: pipeline\n",
-            "$.servers.coder.distributed.hosts",
-            "model.safetensors.index.json",
-        ),
-        (
-            "  hosts: [127.0.0.1, 127.0.0.1]\n  parallelism: pipeline\n",
-            "$.servers.coder.distributed.parallelism",
-            "serves only method fp16",
-        ),
-        (
-            "  hosts: [127.0.0.1, 127.0.0.1]\n  python: venv/bin/python\n",
-            "$.servers.coder.distributed.python",
-            "absolute path",
-        ),
-        ("  hosts: [127.0.0.1, 127.0.0.1]\n  hostfile: hosts.json\n", "$.servers.coder.distributed", "exactly one"),
-        ("  hostfile: missing.json\n", "$.servers.coder.distributed.hostfile", "cannot read hostfile"),
-        (
-            "  hosts: [127.0.0.1, 127.0.0.1]\n  porrt: 4000\n",
-            "$.servers.coder.distributed.porrt",
-            "did you mean 'port'",
-        ),
+        ("  backend: ring\n", AT, "exactly one of hosts"),
+        ("  hosts: [127.0.0.1]\n", f"{AT}.hosts", "too short"),
+        ("  hosts: [127.0.0.1, myhost]\n", f"{AT}.hosts[1]", "needs an IP address for rank 1"),
+        ("  hosts: [192.0.2.7, 127.0.0.1]\n", f"{AT}.hosts[0]", "must be this machine"),
+        ("  hosts: [127.0.0.1, 192.0.2.7]\n", f"{AT}.hosts[0]", "reachable only on loopback"),
+        (TWO + "  backend: jaccl\n", f"{AT}.backend", "needs a hostfile"),
+        (TWO + "  backend: mpi\n", f"{AT}.backend", "choose one of"),
+        ("  hosts: [127.0.0.1, 127.0.0.1, 127.0.0.1]\n", f"{AT}.hosts", "does not divide by 3"),
+        (TWO + "  parallelism: pipeline\n", f"{AT}.hosts", "model.safetensors.index.json"),
+        (TWO + "  parallelism: pipeline\n", f"{AT}.parallelism", "serves only method fp16"),
+        (TWO + "  python: venv/bin/python\n", f"{AT}.python", "absolute path"),
+        (TWO + "  hostfile: hosts.json\n", AT, "exactly one"),
+        ("  hostfile: missing.json\n", f"{AT}.hostfile", "cannot read hostfile"),
+        (TWO + "  porrt: 4000\n", f"{AT}.porrt", "did you mean 'port'"),
     ],
 )
 def test_each_mistake_is_located_at_its_key(tmp_path: Path, block: str, where: str, says: str) -> None:

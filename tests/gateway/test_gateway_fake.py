@@ -116,15 +116,22 @@ def test_routing_limits_auth_and_live_changes_without_restarts(harness: DaemonHa
     assert h.pids() == pids  # neither the gateway nor a worker restarted
 
 
+def slow_streamer(h: DaemonHarness, root: Path, chunks: int, delay_s: float) -> dict[str, int]:
+    """Start the gateway in front of one stand-in server `alpha` that streams `chunks` chunks
+    `delay_s` apart; both ready. Returns the gateway's block (its port)."""
+    gateway = {"port": free_port()}
+    slow = {"FAKE_STREAM_CHUNKS": str(chunks), "FAKE_CHUNK_DELAY_S": str(delay_s)}
+    h.write(gateway_yaml(gateway, {"alpha": fake_entry(model_dir(root, "m"), port=free_port(), env=slow)}))
+    h.start()
+    h.wait_states({GATEWAY: "ready", "alpha": "ready"})
+    return gateway
+
+
 def test_streams_pass_through_and_a_worker_killed_mid_stream_is_an_error(
     harness: DaemonHarness, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     h = harness
-    gateway = {"port": free_port()}
-    slow = {"FAKE_STREAM_CHUNKS": "200", "FAKE_CHUNK_DELAY_S": "0.05"}
-    h.write(gateway_yaml(gateway, {"alpha": fake_entry(model_dir(tmp_path, "m"), port=free_port(), env=slow)}))
-    h.start()
-    h.wait_states({GATEWAY: "ready", "alpha": "ready"})
+    gateway = slow_streamer(h, tmp_path, chunks=200, delay_s=0.05)
     client = openai.OpenAI(base_url=f"http://127.0.0.1:{gateway['port']}/v1", api_key="unused", max_retries=0)
     request.addfinalizer(client.close)  # its pooled sockets, else a ResourceWarning whenever GC finds them
 
@@ -237,11 +244,7 @@ def stream_request(port: int) -> urllib.request.Request:
 
 def test_client_disconnect_cancels_the_upstream_request(harness: DaemonHarness, tmp_path: Path) -> None:
     h = harness
-    gateway = {"port": free_port()}
-    slow = {"FAKE_STREAM_CHUNKS": "400", "FAKE_CHUNK_DELAY_S": "0.02"}
-    h.write(gateway_yaml(gateway, {"alpha": fake_entry(model_dir(tmp_path, "m"), port=free_port(), env=slow)}))
-    h.start()
-    h.wait_states({GATEWAY: "ready", "alpha": "ready"})
+    gateway = slow_streamer(h, tmp_path, chunks=400, delay_s=0.02)
     with urllib.request.urlopen(stream_request(gateway["port"]), timeout=30) as response:
         assert response.readline().startswith(b"data: ")
     record = h.wait_event("gateway_request", server="alpha", timeout=30)

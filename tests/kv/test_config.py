@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import dataclasses
-import subprocess
-import sys
 
 import pytest
 
+from tests.support import run_python
 from veloxd.kv import KVCacheConfig, registry
 from veloxd.kv.config import OWN_KEYS, SHARED, fields_for, override_fields_for, parse_value, settings
 
@@ -115,5 +114,5 @@ def test_parse_value_types_strings_by_field():
 
 def test_config_and_registry_import_no_mlx():
     code = "import sys, veloxd.kv, veloxd.kv.config, veloxd.kv.registry; print('mlx' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    out = run_python(code, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

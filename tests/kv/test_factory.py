@@ -7,6 +7,7 @@ import pytest
 from mlx_lm.models import cache as mlx_cache
 from mlx_lm.models import llama
 
+from tests.support import run_python
 from veloxd.kv import KVCacheConfig, make_caches
 from veloxd.kv.base import VeloxCache
 from veloxd.kv.factory import per_request
@@ -96,9 +97,6 @@ def test_compressed_attention_matches_fp16_closely_at_8_bits():
 
 def test_saved_compressed_cache_loads_back_in_a_fresh_process(tmp_path):
     """veloxd.kv.load_prompt_cache registers every method's classes before mlx_lm looks them up."""
-    import subprocess
-    import sys
-
     from mlx_lm.models.cache import save_prompt_cache
 
     model = tiny_llama()
@@ -111,37 +109,14 @@ def test_saved_compressed_cache_loads_back_in_a_fresh_process(tmp_path):
         f"caches = load_prompt_cache({str(path)!r})\n"
         "print([type(c).__name__ for c in caches], [c.offset for c in caches])\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    out = run_python(code)
     assert out.stdout.strip() == "['KIVICache', 'KIVICache'] [40, 40]", out.stderr
 
 
-def test_a_request_after_wiring_reads_no_model_source(monkeypatch):
-    """Routing is installed once at wiring; a request (make_cache, make_prompt_cache) touches no inspect."""
-    import inspect
-
-    from veloxd.kv import attention
-    from veloxd.serve.wiring import wire_caches
-
-    attention.module_verdict.cache_clear()  # so wiring really reads the sources, as at a worker's start
-    reads: list[object] = []
-    real = inspect.getsource
-
-    def recording(obj, *args, **kwargs):
-        reads.append(obj)
-        return real(obj, *args, **kwargs)
-
-    monkeypatch.setattr(inspect, "getsource", recording)
-    model = tiny_llama()
-    config = KVCacheConfig("affine", bits=4)
-    wire_caches(model, config)
-    assert reads, "wiring must read the model's source to route it (else this test proves nothing)"
-    reads.clear()
-    for caches in (model.make_cache(), mlx_cache.make_prompt_cache(model), make_caches(model, config)):
-        assert len(caches) == 2 and all(isinstance(c, VeloxCache) for c in caches)
-    assert reads == []
-
-
-def test_install_reads_each_module_once_per_process(monkeypatch):
+@pytest.fixture
+def source_reads(monkeypatch) -> list[object]:
+    """Every object `inspect.getsource` is asked for from now on (attention's per-module verdicts
+    forgotten first, so routing really reads the sources, as at a worker's start)."""
     import inspect
 
     from veloxd.kv import attention
@@ -155,7 +130,27 @@ def test_install_reads_each_module_once_per_process(monkeypatch):
         return real(obj, *args, **kwargs)
 
     monkeypatch.setattr(inspect, "getsource", recording)
+    return reads
+
+
+def test_a_request_after_wiring_reads_no_model_source(source_reads):
+    """Routing is installed once at wiring; a request (make_cache, make_prompt_cache) touches no inspect."""
+    from veloxd.serve.wiring import wire_caches
+
+    model = tiny_llama()
+    config = KVCacheConfig("affine", bits=4)
+    wire_caches(model, config)
+    assert source_reads, "wiring must read the model's source to route it (else this test proves nothing)"
+    source_reads.clear()
+    for caches in (model.make_cache(), mlx_cache.make_prompt_cache(model), make_caches(model, config)):
+        assert len(caches) == 2 and all(isinstance(c, VeloxCache) for c in caches)
+    assert source_reads == []
+
+
+def test_install_reads_each_module_once_per_process(source_reads):
+    from veloxd.kv import attention
+
     attention.install(tiny_llama())
-    first = len(reads)
+    first = len(source_reads)
     attention.install(tiny_llama())
-    assert first >= 1 and len(reads) == first
+    assert first >= 1 and len(source_reads) == first

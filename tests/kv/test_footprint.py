@@ -8,7 +8,6 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-from mlx_lm import load
 
 from veloxd.kv import KVCacheConfig, make_caches, registry
 from veloxd.kv.factory import native_caches
@@ -31,11 +30,6 @@ SMALL = {  # budgets inside one 256-token capacity step (tests/serve/test_serve_
 }
 LENGTHS = (768, 1024)  # multiples of the 256-token capacity step, past every budget above
 DECODE = 40  # generated tokens after the prompt: past snapkv's re-compression window
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model) -> Any:
-    return load(str(tiny_model))[0]
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,6 @@ from typing import Any
 
 import mlx.core as mx
 import pytest
-from mlx_lm import load
 
 from veloxd import protocol
 from veloxd.kv import KVCacheConfig
@@ -28,13 +27,8 @@ LENGTHS = (1, 100, 255, 256, 257, 511, 512, 700, 1100)
 
 @pytest.fixture(scope="module")
 def model_dir(tiny_model: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A copy of the tiny model whose files the tests may change."""
+    """A copy of the tiny model whose files the tests may change (`model` holds the same weights, loaded)."""
     return Path(shutil.copytree(tiny_model, tmp_path_factory.mktemp("figures") / "model"))
-
-
-@pytest.fixture(scope="module")
-def model(model_dir: Path) -> Any:
-    return load(str(model_dir))[0]
 
 
 def filled(model: Any, n: int) -> int:

@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Worker, cpu_seconds, free_port, http_json, wait_until
+from tests.support import Worker, free_port, http_json, wait_until
 from veloxd.protocol import ExitCode
+from veloxd.serve.stats import STATS_PATH
 
 pytestmark = pytest.mark.slow
 
@@ -29,8 +30,10 @@ UNBOUNDED = "10000000"  # a cap no test reaches: without the fixes these request
 LOAD_S = 300
 
 
-def start(*flags: str) -> Worker:
-    worker = Worker("--model", str(SHIPPED), "--method", "fp16", "--port", str(free_port()), *flags)
+def start(*flags: str, record_batches: bool = False) -> Worker:
+    worker = Worker(
+        "--model", str(SHIPPED), "--method", "fp16", "--port", str(free_port()), *flags, record_batches=record_batches
+    )
     worker.ready(LOAD_S)
     return worker
 
@@ -44,7 +47,8 @@ def bounded() -> Iterator[Worker]:
 
 @pytest.fixture(scope="module")
 def unbounded() -> Iterator[Worker]:
-    worker = start("--limit-max-tokens", UNBOUNDED)
+    """Records mlx_lm's batch moves: they show whether a cancelled generation is still in the batch."""
+    worker = start("--limit-max-tokens", UNBOUNDED, record_batches=True)
     yield worker
     assert worker.stop() == ExitCode.OK
 
@@ -73,19 +77,10 @@ def lines_with(worker: Worker, needle: str) -> list[str]:
     return [line for line in list(worker.stderr) if needle in line]
 
 
-def wait_idle(worker: Worker) -> None:
-    """Until the worker burns (almost) no CPU over a second: its generation really stopped.
-
-    A generating worker uses a good share of a core even on a crowded machine; an idle one wakes
-    a few times a second to poll its queue. Nothing here measures speed: it waits for a state.
-    """
-
-    def idle() -> bool:
-        before = cpu_seconds(worker.proc.pid)
-        time.sleep(1.0)
-        return cpu_seconds(worker.proc.pid) - before < 0.05
-
-    wait_until(idle, 120, interval=0.1, what="the worker to go idle")
+def stats(worker: Worker) -> dict:
+    status, reply = http_json(f"http://127.0.0.1:{worker.ready()['port']}{STATS_PATH}", timeout=60)
+    assert status == 200, reply
+    return reply
 
 
 def test_ready_reports_the_effective_limits(bounded: Worker, unbounded: Worker) -> None:
@@ -222,7 +217,9 @@ def test_malformed_bodies_get_a_400_json_error_and_no_traceback(bounded: Worker,
 @pytest.mark.parametrize("stream", [False, True], ids=["non-streamed", "streamed"])
 def test_client_that_disconnects_stops_the_generation(unbounded: Worker, stream: bool) -> None:
     ready = unbounded.ready()
+    assert ready["batchable"], "the batch moves below prove nothing on mlx_lm's single-request path"
     before = len(lines_with(unbounded, "request_cancelled"))
+    generated, started = stats(unbounded)["generated_tokens"], len(unbounded.batches())
     sock = raw_request(
         ready["port"], "/v1/completions", {"prompt": "once upon a time", "max_tokens": 1_000_000_000, "stream": stream}
     )
@@ -235,13 +232,24 @@ def test_client_that_disconnects_stops_the_generation(unbounded: Worker, stream:
         lambda: lines_with(unbounded, "request_cancelled")[before:], 120, what="the worker to notice the client left"
     )
     assert "reason=client_disconnected" in cancelled[0]
+    assert f"max_tokens={UNBOUNDED}" in cancelled[0]  # the requested 1e9, capped to the limit
+    # The handler has returned once nothing is in flight; it stopped the generation's context before.
+    wait_until(lambda: stats(unbounded)["in_flight"] == 0, 120, what="the cancelled request's handler to return")
     tokens = int(cancelled[0].split("completion_tokens=")[1].split()[0])
-    assert tokens < int(UNBOUNDED)
-    wait_idle(unbounded)  # the generation thread stopped, not only the handler
+    assert stats(unbounded)["generated_tokens"] - generated == tokens  # the handler's count is the worker's
+    moves = len(unbounded.batches())  # the cancelled request's batch moves: moves - started
     status, reply = http_json(
         f"{ready['endpoints']['openai_base_url']}/completions", {"prompt": "hello", "max_tokens": 3}
     )
     assert status == 200 and reply["usage"]["completion_tokens"] == 3
+    # The generation thread dropped the cancelled request, not only the handler: the next request
+    # decodes alone (a generation left running would share its batch: 2 rows).
+    joined = wait_until(
+        lambda: (later := unbounded.batches()[moves:]) and len(later) >= moves - started and later,
+        120,
+        what="the next request's batch moves (as many as the cancelled one made) on stderr",
+    )
+    assert all(move["rows"] == 1 for move in joined), joined
 
 
 def test_sigterm_mid_generation_exits_promptly() -> None:

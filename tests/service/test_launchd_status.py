@@ -7,35 +7,14 @@ from pathlib import Path
 
 import pytest
 
+from tests.fixtures.launchctl_print import running_job
 from tests.fixtures.launchd_harness import LABEL, TARGET, LaunchdHarness
 from veloxd.service import launchctl
 from veloxd.service.agent import Step, plan_install
 from veloxd.service.launchctl import format_status, parse_disabled, parse_print, status_from_print
 from veloxd.service.runner import Result
 
-RUNNING = f"""gui/501/{LABEL} = {{
-\tactive count = 1
-\tpath = /Users/me/Library/LaunchAgents/{LABEL}.plist
-\ttype = LaunchAgent
-\tstate = running
-
-\tprogram = /Users/me/veloxd/.venv/bin/python
-\targuments = {{
-\t\t/Users/me/veloxd/.venv/bin/python
-\t\t-m
-\t}}
-
-\truns = 3
-\tpid = 4242
-\tlast exit code = (never exited)
-\tendpoints = {{
-\t\t"io.example" = {{
-\t\t\tstate = active
-\t\t\tpid = 1
-\t\t}}
-\t}}
-}}
-"""
+RUNNING = running_job(501, LABEL, f"/Users/me/Library/LaunchAgents/{LABEL}.plist", runs=3, pid=4242)
 CRASHED = f"""gui/501/{LABEL} = {{
 \tpath = /Users/me/Library/LaunchAgents/{LABEL}.plist
 \tstate = spawn scheduled

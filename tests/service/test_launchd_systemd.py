@@ -17,6 +17,16 @@ def unit_file(h: LaunchdHarness) -> Path:
     return h.home / ".config" / "systemd" / "user" / UNIT
 
 
+def install(h: LaunchdHarness, *verbs: str) -> str:
+    """`veloxd install --systemd` succeeds after daemon-reload, is-active and these systemctl verbs
+    on the unit, in order; returns what it printed."""
+    done = h.install("--systemd")
+    assert done.returncode == 0, done.stderr
+    checks = ["systemctl --user daemon-reload", f"systemctl --user is-active --quiet {UNIT}"]
+    assert h.calls() == [*checks, *(f"systemctl --user {verb} {UNIT}" for verb in verbs)]
+    return done.stdout
+
+
 def directives(text: str) -> dict[str, list[str]]:
     found: dict[str, list[str]] = {}
     for line in text.splitlines():
@@ -27,15 +37,9 @@ def directives(text: str) -> dict[str, list[str]]:
 
 
 def test_install_writes_the_unit_and_enables_it_now_then_restarts_when_active(h: LaunchdHarness) -> None:
-    done = h.install("--systemd")
-    assert done.returncode == 0, done.stderr
-    assert h.calls() == [
-        "systemctl --user daemon-reload",
-        f"systemctl --user is-active --quiet {UNIT}",
-        f"systemctl --user enable --now {UNIT}",
-    ]
+    printed = install(h, "enable --now")
     path = unit_file(h)
-    assert done.stdout == f"installed {UNIT}: wrote {path}, then systemctl --user daemon-reload and enable --now\n"
+    assert printed == f"installed {UNIT}: wrote {path}, then systemctl --user daemon-reload and enable --now\n"
     unit = directives(path.read_text())
     assert unit["Restart"] == ["on-failure"]
     assert unit["RestartSec"] == ["10"]
@@ -53,17 +57,8 @@ def test_install_writes_the_unit_and_enables_it_now_then_restarts_when_active(h:
     assert env["HOME"] == str(h.home) and env["PYTHONUNBUFFERED"] == "1"
     assert env["PATH"].startswith(os.path.dirname(argv[0]) + ":")
 
-    again = h.install("--systemd")
-    assert again.returncode == 0, again.stderr
-    assert h.calls() == [
-        "systemctl --user daemon-reload",
-        f"systemctl --user is-active --quiet {UNIT}",
-        f"systemctl --user enable {UNIT}",
-        f"systemctl --user restart {UNIT}",
-    ]
-    assert (
-        again.stdout == f"restarted {UNIT}: {path} unchanged, then systemctl --user daemon-reload, enable and restart\n"
-    )
+    printed = install(h, "enable", "restart")
+    assert printed == f"restarted {UNIT}: {path} unchanged, then systemctl --user daemon-reload, enable and restart\n"
 
 
 def test_xdg_config_home_is_respected(h: LaunchdHarness) -> None:

@@ -8,12 +8,14 @@ import threading
 import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
+from pathlib import Path
 from typing import Any
 
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.fixtures.daemon_harness import DaemonHarness, to_yaml
-from tests.support import http_json, wait_until
+from tests.gateway.support import GATEWAY, fake_entry, gateway_yaml, model_dir
+from tests.support import free_port, http_json, wait_until
 
 DASHBOARD = "@dashboard"  # the dashboard process's name in the daemon's events
 
@@ -22,6 +24,60 @@ def config_text(servers: Mapping[str, Mapping[str, Any]], dashboard: Mapping[str
     """veloxd.yaml with these servers and, unless None, this `dashboard:` block."""
     text = to_yaml(servers)
     return text + (f"dashboard: {json.dumps(dict(dashboard))}\n" if dashboard is not None else "")
+
+
+@contextlib.contextmanager
+def dashboard_daemon(
+    root: Path,
+    servers: Mapping[str, Mapping[str, Any]],
+    worker_command: str | None = None,
+    log_file: Path | None = None,
+) -> Iterator[tuple[DaemonHarness, Page]]:
+    """A daemon in `root` with these (stand-in) servers and a dashboard sampling every 0.5 s, all ready
+    (optionally another worker command, or its log elsewhere)."""
+    h = DaemonHarness(root)
+    if worker_command is not None:
+        h.worker_command = worker_command
+    if log_file is not None:
+        h.log_file = log_file
+    page = Page(h, free_port())
+    h.write(config_text(servers, {"port": page.port, "interval_s": 0.5}))
+    try:
+        h.start()
+        h.wait_states(dict.fromkeys(servers, "ready"))
+        page.wait_ready()
+        yield h, page
+    finally:
+        h.cleanup()
+
+
+@contextlib.contextmanager
+def gateway_daemon(
+    root: Path,
+    gateway: Mapping[str, Any],
+    *,
+    env: Mapping[str, str] | None = None,
+    alpha: Mapping[str, Any] | None = None,
+    two: Mapping[str, Any] | None = None,
+) -> Iterator[tuple[DaemonHarness, Page]]:
+    """A daemon with a gateway (`gateway` keys added to its block) and the dashboard on its port:
+    alpha always runs; one and two are on demand and do not fit the budget together (1 MB each
+    of 1.5 MB). `alpha` and `two` add keys to those entries; `env` to the daemon's environment."""
+    h = DaemonHarness(root)
+    page = Page(h, free_port(), process=GATEWAY)
+    big = {"weights_bytes": 1_000_000}
+    servers = {
+        "alpha": fake_entry(model_dir(root, "alpha"), **(alpha or {})),
+        "one": fake_entry(model_dir(root, "one", **big), start="on_demand"),
+        "two": fake_entry(model_dir(root, "two", **big), start="on_demand", **(two or {})),
+    }
+    h.write(gateway_yaml({"port": page.port, "memory_budget": 1_500_000, **gateway}, servers))
+    try:
+        h.start(env=env)
+        h.wait_states({GATEWAY: "ready", "alpha": "ready", "one": "stopped", "two": "stopped"})
+        yield h, page
+    finally:
+        h.cleanup()
 
 
 class Page:

@@ -17,24 +17,16 @@ import pytest
 from tests.fixtures.daemon_harness import DaemonHarness, entry
 from tests.support import free_port, http_json
 from tests.web.browser import VIEWPORT, browser  # noqa: F401 - the fixture
-from tests.web.support import Page, config_text, generating
+from tests.web.support import Page, config_text, dashboard_daemon, generating
 
 TIMEOUT_MS = 60_000
 
 
 @pytest.fixture
 def running(tmp_path: Path) -> Iterator[tuple[DaemonHarness, Page, dict[str, Any]]]:
-    h = DaemonHarness(tmp_path)
-    page = Page(h, free_port())
     servers = {"alpha": entry(free_port(), description="the coder"), "beta": entry(free_port(), method="kivi", bits=2)}
-    h.write(config_text(servers, {"port": page.port, "interval_s": 0.5}))
-    try:
-        h.start()
-        h.wait_states({"alpha": "ready", "beta": "ready"})
-        page.wait_ready()
+    with dashboard_daemon(tmp_path, servers) as (h, page):
         yield h, page, servers
-    finally:
-        h.cleanup()
 
 
 def open_page(browser: Any, page: Page) -> Any:  # noqa: F811
@@ -141,24 +133,15 @@ def test_dashboard_with_real_workers(browser: Any, tmp_path: Path) -> None:  # n
     model = str(REPO / "veloxd" / "assets" / "tiny-llama")
     h = DaemonHarness(tmp_path, real_worker=True)
     page = Page(h, free_port())
+
+    def real(method: str, bits: int, description: str, **extra: Any) -> dict[str, Any]:
+        return entry(
+            free_port(), model=model, method=method, bits=bits, ready_timeout_s=300, description=description, **extra
+        )
+
     servers = {
-        "coder": entry(
-            free_port(),
-            model=model,
-            method="kivi",
-            bits=2,
-            ready_timeout_s=300,
-            overrides={"kivi_residual_length": 32},
-            description="KIVI 2-bit keys and values",
-        ),
-        "chat": entry(
-            free_port(),
-            model=model,
-            method="affine",
-            bits=4,
-            ready_timeout_s=300,
-            description="affine 4-bit, per-token groups",
-        ),
+        "coder": real("kivi", 2, "KIVI 2-bit keys and values", overrides={"kivi_residual_length": 32}),
+        "chat": real("affine", 4, "affine 4-bit, per-token groups"),
     }
     h.write(config_text(servers, {"port": page.port, "interval_s": 1.0}))
     try:

@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 
 from tests.fixtures.daemon_harness import FAKE_WORKER, DaemonHarness, entry
-from tests.gateway.support import GATEWAY, fake_entry, gateway_yaml, model_dir, post
+from tests.gateway.support import post
 from tests.support import free_port
 from tests.web.browser import VIEWPORT, browser  # noqa: F401 - the fixture
-from tests.web.support import Page, config_text
+from tests.web.support import Page, config_text, dashboard_daemon, gateway_daemon
 
 TIMEOUT_MS = 60_000
 # What mlx_lm's server logs around each request (mlx_lm/server.py), as the daemon's log carries it.
@@ -39,39 +39,15 @@ def chatty_worker(root: Path) -> str:
 
 @pytest.fixture
 def dashboard(tmp_path: Path) -> Iterator[tuple[DaemonHarness, Page, dict[str, Any]]]:
-    h = DaemonHarness(tmp_path)
-    h.worker_command = chatty_worker(tmp_path)
-    page = Page(h, free_port())
     servers = {"alpha": entry(free_port()), "beta": entry(free_port(), method="kivi", bits=2)}
-    h.write(config_text(servers, {"port": page.port, "interval_s": 0.5}))
-    try:
-        h.start()
-        h.wait_states({"alpha": "ready", "beta": "ready"})
-        page.wait_ready()
+    with dashboard_daemon(tmp_path, servers, worker_command=chatty_worker(tmp_path)) as (h, page):
         yield h, page, servers
-    finally:
-        h.cleanup()
 
 
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[tuple[DaemonHarness, Page]]:
-    """alpha always runs; one and two are on demand and do not fit the budget together (1 MB each of 1.5 MB)."""
-    h = DaemonHarness(tmp_path)
-    page = Page(h, free_port(), process=GATEWAY)
-    big = {"weights_bytes": 1_000_000}
-    # Ports given: an assigned one (a hash of the name) may be held by a parallel test's entry of that name.
-    servers = {
-        "alpha": fake_entry(model_dir(tmp_path, "alpha"), port=free_port()),
-        "one": fake_entry(model_dir(tmp_path, "one", **big), start="on_demand", port=free_port()),
-        "two": fake_entry(model_dir(tmp_path, "two", **big), start="on_demand", port=free_port()),
-    }
-    h.write(gateway_yaml({"port": page.port, "memory_budget": 1_500_000}, servers))
-    try:
-        h.start()
-        h.wait_states({GATEWAY: "ready", "alpha": "ready", "one": "stopped", "two": "stopped"})
-        yield h, page
-    finally:
-        h.cleanup()
+    with gateway_daemon(tmp_path, {}) as running:
+        yield running
 
 
 def open_page(browser: Any, page: Page, width: int = VIEWPORT["width"]) -> Any:  # noqa: F811

@@ -21,7 +21,7 @@ from tests.fixtures.daemon_harness import DaemonHarness
 from tests.gateway.support import GATEWAY, fake_entry, gateway_yaml, model_dir, models, post
 from tests.support import free_port, http_json, wait_until
 from tests.web.browser import VIEWPORT, browser  # noqa: F401 - the fixture
-from tests.web.support import Page
+from tests.web.support import Page, gateway_daemon
 
 TOKEN = "gw-s3cret"
 BEARER = {"Authorization": f"Bearer {TOKEN}"}
@@ -31,22 +31,14 @@ TIMEOUT_MS = 60_000
 
 @pytest.fixture
 def gateway(tmp_path: Path) -> Iterator[tuple[DaemonHarness, Page]]:
-    """alpha always runs; one and two are on demand and do not fit the budget together (1 MB each of 1.5 MB)."""
-    h = DaemonHarness(tmp_path)
-    page = Page(h, free_port(), process=GATEWAY)
-    big = {"weights_bytes": 1_000_000}
-    servers = {
-        "alpha": fake_entry(model_dir(tmp_path, "alpha"), aliases=["fast"]),
-        "one": fake_entry(model_dir(tmp_path, "one", **big), start="on_demand"),
-        "two": fake_entry(model_dir(tmp_path, "two", **big), start="on_demand", idle_unload_s=1),
-    }
-    h.write(gateway_yaml({"port": page.port, "api_key_env": "GW_KEY", "memory_budget": 1_500_000}, servers))
-    try:
-        h.start(env={"GW_KEY": TOKEN})
-        h.wait_states({GATEWAY: "ready", "alpha": "ready", "one": "stopped", "two": "stopped"})
-        yield h, page
-    finally:
-        h.cleanup()
+    with gateway_daemon(
+        tmp_path,
+        {"api_key_env": "GW_KEY"},
+        env={"GW_KEY": TOKEN},
+        alpha={"aliases": ["fast"]},
+        two={"idle_unload_s": 1},
+    ) as running:
+        yield running
 
 
 def test_gateway_counts_admissions_unloads_and_requests_in_metrics(gateway: tuple[DaemonHarness, Page]) -> None:

@@ -8,6 +8,7 @@ import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import KVCache
 
+from tests.kv.evict.support import budgets
 from veloxd.kv import KVCacheConfig
 from veloxd.kv.base import LayerSpec
 from veloxd.kv.factory import cache_class
@@ -15,13 +16,7 @@ from veloxd.kv.factory import cache_class
 N_KV, N_Q, D = 2, 4, 64  # GQA; small heads keep CPU fp16 attention quick (per-slot overhead counts more)
 SCALE = D**-0.5
 CHUNK, CHUNKS = 512, 8  # a 4096-token prompt
-CONFIGS = {
-    "streaming_llm": dict(streaming_llm_sinks=4, streaming_llm_window=508),
-    "knorm": dict(knorm_budget=512, knorm_window=32),
-    "snapkv": dict(snapkv_budget=512, snapkv_window=32),
-    "tova": dict(tova_budget=512),
-    "h2o": dict(h2o_budget=512, h2o_window=32),
-}
+CONFIGS = budgets(512, 32)  # a 4096-token prompt into 512 slots
 FP16_TOKEN_BYTES = 2 * N_KV * D * 2  # keys + values of one token, float16
 
 

@@ -6,24 +6,21 @@ next-token log-probabilities, not only on the tokens.
 
 from __future__ import annotations
 
-import copy
-import random
-
 import mlx.core as mx
 import pytest
-from mlx_lm import load
-from mlx_lm.generate import BatchGenerator, generate_step
-from mlx_lm.models.cache import RotatingKVCache, load_prompt_cache, save_prompt_cache
+from mlx_lm.models.cache import RotatingKVCache
 
+from tests.kv.evict.support import (
+    SMALL,
+    assert_batched_decode_equals_single,
+    assert_budget_holds,
+    assert_state_round_trip,
+    decode,
+    max_diff,
+    prompt,
+)
 from veloxd.kv import KVCacheConfig, make_caches
 
-SMALL = {
-    "streaming_llm": dict(streaming_llm_sinks=4, streaming_llm_window=36),
-    "knorm": dict(knorm_budget=40, knorm_window=8),
-    "snapkv": dict(snapkv_budget=40, snapkv_window=8),
-    "tova": dict(tova_budget=40),
-    "h2o": dict(h2o_budget=40, h2o_window=8),
-}
 LARGE = {  # budgets above every sequence here: nothing is ever evicted
     "streaming_llm": dict(streaming_llm_window=4096),
     "knorm": dict(knorm_budget=4096),
@@ -31,26 +28,6 @@ LARGE = {  # budgets above every sequence here: nothing is ever evicted
     "tova": dict(tova_budget=4096),
     "h2o": dict(h2o_budget=4096),
 }
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model):
-    return load(str(tiny_model))[0]
-
-
-def prompt(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(6, 512) for _ in range(n)]
-
-
-def decode(model, tokens: list[int], cache: list, steps: int, **kwargs) -> tuple[list[int], mx.array]:
-    """Greedy tokens and their log-probability vectors [steps, vocab] from mlx_lm's generate_step."""
-    out = list(zip(range(steps), generate_step(mx.array(tokens), model, prompt_cache=cache, **kwargs)))
-    return [int(t) for _, (t, _) in out], mx.stack([lp for _, (_, lp) in out])
-
-
-def max_diff(a: mx.array, b: mx.array) -> float:
-    return mx.abs(a - b).max().item()
 
 
 @pytest.mark.parametrize("method,extra", [*((m, {}) for m in sorted(LARGE)), ("snapkv", {"snapkv_pyramid": True})])
@@ -95,50 +72,14 @@ def test_streaming_llm_prefill_chunking_changes_nothing(model) -> None:
 
 @pytest.mark.parametrize("method", sorted(SMALL))
 def test_budget_holds_at_every_decode_step(model, method: str) -> None:
-    cache = make_caches(model, KVCacheConfig(method=method, **SMALL[method]))
-    limit = 40 + (8 if method == "snapkv" else 0)  # snapkv re-compresses once per window
-    for i, _ in zip(range(60), generate_step(mx.array(prompt(70, 4)), model, prompt_cache=cache, prefill_step_size=32)):
-        assert all(c.size() <= limit and c.offset == 70 + i + 1 for c in cache)
-    assert all(c.evicted[0] and not c.is_trimmable() for c in cache)
-
-
-def batched(model, config: KVCacheConfig, prompts: list[list[int]], max_tokens: list[int]):
-    """mlx_lm's BatchGenerator with per-request veloxd caches: log-probs per request, cache classes seen."""
-    gen = BatchGenerator(model, stop_tokens=[], prefill_step_size=32, prefill_batch_size=2, completion_batch_size=3)
-    uids = gen.insert(prompts, max_tokens, caches=[make_caches(model, config) for _ in prompts])
-    logprobs: dict[int, list[mx.array]] = {u: [] for u in uids}
-    kinds: set[str] = set()
-    while responses := gen.next_generated():
-        kinds |= {type(c).__name__ for c in gen._generation_batch.prompt_cache}
-        for r in responses:
-            logprobs[r.uid].append(r.logprobs)
-    gen.close()
-    return [mx.stack(logprobs[u]) for u in uids], kinds
+    assert_budget_holds(model, make_caches(model, KVCacheConfig(method=method, **SMALL[method])), method, 60)
 
 
 @pytest.mark.parametrize("method", sorted(SMALL))
 def test_batched_decode_equals_single(model, method: str) -> None:
-    config = KVCacheConfig(method=method, **SMALL[method])
-    prompts = [prompt(n, 10 + n) for n in (70, 33, 55)]  # different lengths: padding, filter, extend
-    max_tokens = [30, 12, 20]
-    got, kinds = batched(model, config, prompts, max_tokens)
-    assert kinds == {type(make_caches(model, config)[0]).batch_class.__name__}  # never mlx_lm's fp16 BatchKVCache
-    for tokens, n, batch_logprobs in zip(prompts, max_tokens, got):
-        _, single = decode(model, tokens, make_caches(model, config), n, prefill_step_size=32)
-        assert max_diff(batch_logprobs, single) < 1e-4
+    assert_batched_decode_equals_single(model, KVCacheConfig(method=method, **SMALL[method]))
 
 
 @pytest.mark.parametrize("method", sorted(SMALL))
 def test_state_round_trip_through_mlx_lm_files(model, method: str, tmp_path) -> None:
-    cache = make_caches(model, KVCacheConfig(method=method, **SMALL[method]))
-    decode(model, prompt(60, 5), cache, 7)  # evicted, and (snapkv) mid decode window
-    path = str(tmp_path / "cache.safetensors")
-    save_prompt_cache(path, cache)
-    loaded = load_prompt_cache(path)
-    assert [type(c) for c in loaded] == [type(c) for c in cache]
-    assert [(c.offset, c.size(), c.nbytes) for c in loaded] == [(c.offset, c.size(), c.nbytes) for c in cache]
-    original = copy.deepcopy(cache)
-    next_tokens = prompt(20, 6)
-    _, a = decode(model, next_tokens, original, 12, prefill_step_size=8)
-    _, b = decode(model, next_tokens, loaded, 12, prefill_step_size=8)
-    assert max_diff(a, b) == 0.0
+    assert_state_round_trip(model, KVCacheConfig(method=method, **SMALL[method]), tmp_path)

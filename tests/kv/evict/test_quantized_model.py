@@ -3,34 +3,23 @@ BatchGenerator, state files, quality against the same policy in fp16 slots, and 
 
 from __future__ import annotations
 
-import copy
-import random
-
 import mlx.core as mx
 import pytest
 from mlx_lm import load
-from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
-from tests.kv.evict.test_model import batched, decode, max_diff
+from tests.kv.evict.support import (
+    SMALL,
+    assert_batched_decode_equals_single,
+    assert_budget_holds,
+    assert_state_round_trip,
+)
 from tests.kv.support import greedy, held_arrays, kl, prefill
 from tests.support import REPO
 from veloxd.kv import KVCacheConfig, make_caches, registry
 
 HYBRIDS = [h.name for h in registry.HYBRIDS]
-SMALL = {
-    "streaming_llm": dict(streaming_llm_sinks=4, streaming_llm_window=36),
-    "knorm": dict(knorm_budget=40, knorm_window=8),
-    "snapkv": dict(snapkv_budget=40, snapkv_window=8),
-    "tova": dict(tova_budget=40),
-    "h2o": dict(h2o_budget=40, h2o_window=8),
-}
 SNAP = dict(snapkv_budget=96, snapkv_window=16)  # the quality check: a 300-token prompt keeps 96
 SHIPPED = REPO / "veloxd" / "assets" / "tiny-llama"  # trained (fp16 weights): quality means something on it
-
-
-@pytest.fixture(scope="module")
-def model(tiny_model):
-    return load(str(tiny_model))[0]
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +31,6 @@ def shipped() -> tuple[object, list[int]]:
     return model, tokenizer.encode(" ".join(corpus()[:4]))[:300]
 
 
-def prompt(n: int, seed: int) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(6, 512) for _ in range(n)]
-
-
 def small(method: str, bits: int = 4) -> KVCacheConfig:
     # unrotated: these tests count the codes held (a rotation adds its signs, tested in test_quantized)
     return KVCacheConfig(method=method, bits=bits, affine_rotate=False, **SMALL[registry.parts(method)[0]])
@@ -54,13 +38,8 @@ def small(method: str, bits: int = 4) -> KVCacheConfig:
 
 @pytest.mark.parametrize("method", HYBRIDS)
 def test_budget_holds_and_only_codes_are_held(model, method: str) -> None:
-    from mlx_lm.generate import generate_step
-
     cache = make_caches(model, small(method))
-    limit = 40 + (8 if method.startswith("snapkv") else 0)  # snapkv re-compresses once per window
-    for i, _ in zip(range(40), generate_step(mx.array(prompt(70, 4)), model, prompt_cache=cache, prefill_step_size=32)):
-        assert all(c.size() <= limit and c.offset == 70 + i + 1 for c in cache)
-    assert all(c.evicted[0] and not c.is_trimmable() for c in cache)
+    assert_budget_holds(model, cache, method, 40)
     head_dim = model.args.head_dim
     for c in cache:  # no float array shaped like keys or values: nothing dequantized is kept
         dense = [a.shape for a in held_arrays(c) if a.dtype != mx.uint32 and a.shape[-1] == head_dim]
@@ -69,29 +48,12 @@ def test_budget_holds_and_only_codes_are_held(model, method: str) -> None:
 
 @pytest.mark.parametrize("method", HYBRIDS)
 def test_batched_decode_equals_single(model, method: str) -> None:
-    config = small(method)
-    prompts = [prompt(n, 10 + n) for n in (70, 33, 55)]  # different lengths: padding, filter, extend
-    max_tokens = [30, 12, 20]
-    got, kinds = batched(model, config, prompts, max_tokens)
-    assert kinds == {type(make_caches(model, config)[0]).batch_class.__name__}  # never mlx_lm's fp16 BatchKVCache
-    for tokens, n, batch_logprobs in zip(prompts, max_tokens, got):
-        _, single = decode(model, tokens, make_caches(model, config), n, prefill_step_size=32)
-        assert max_diff(batch_logprobs, single) < 1e-4
+    assert_batched_decode_equals_single(model, small(method))
 
 
 @pytest.mark.parametrize("method", ["snapkv_affine", "h2o_affine"])
 def test_state_round_trip_through_mlx_lm_files(model, method: str, tmp_path) -> None:
-    cache = make_caches(model, small(method))
-    decode(model, prompt(60, 5), cache, 7)  # evicted, and (snapkv) mid decode window
-    path = str(tmp_path / "cache.safetensors")
-    save_prompt_cache(path, cache)
-    loaded = load_prompt_cache(path)
-    assert [type(c) for c in loaded] == [type(c) for c in cache]
-    assert [(c.offset, c.size(), c.nbytes) for c in loaded] == [(c.offset, c.size(), c.nbytes) for c in cache]
-    next_tokens = prompt(20, 6)
-    _, a = decode(model, next_tokens, copy.deepcopy(cache), 12, prefill_step_size=8)
-    _, b = decode(model, next_tokens, loaded, 12, prefill_step_size=8)
-    assert max_diff(a, b) == 0.0
+    assert_state_round_trip(model, small(method), tmp_path)
 
 
 def forced_kl(
