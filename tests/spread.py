@@ -17,8 +17,9 @@ from pathlib import Path
 from xdist.scheduler import LoadScopeScheduling
 
 ROOT = Path(__file__).resolve().parents[1]
-MODULE_FIXTURE = re.compile(r"""scope\s*=\s*["']module["']""")
+MODULE_FIXTURE = re.compile(r"""@pytest\.fixture\(\s*scope\s*=\s*["']module["'][^)]*\)\s*\ndef (\w+)""")
 TEST_IMPORT = re.compile(r"^from (tests(?:\.\w+)+) import", re.M)
+SIGNATURE = re.compile(r"^\s*def \w+\(([^)]*)\)", re.M)  # a test's or a fixture's parameters
 
 
 def _source(path: Path) -> str:
@@ -31,12 +32,17 @@ def _source(path: Path) -> str:
 @cache
 def shares_module_fixture(module: str) -> bool:
     """Whether the tests of `module` (a path relative to the repository) may share a module-scoped
-    fixture: one is defined in it, in a test module it imports from, or in a conftest.py above it."""
+    fixture: one defined in it, or one it names that a test module it imports from or a conftest.py
+    above it defines."""
     path = ROOT / module
     text = _source(path)
-    sources = [text, *(_source(ROOT / (name.replace(".", "/") + ".py")) for name in TEST_IMPORT.findall(text))]
-    sources += [_source(parent / "conftest.py") for parent in path.parents if parent.is_relative_to(ROOT / "tests")]
-    return any(MODULE_FIXTURE.search(source) for source in sources)
+    if MODULE_FIXTURE.search(text):
+        return True
+    elsewhere = [_source(ROOT / (name.replace(".", "/") + ".py")) for name in TEST_IMPORT.findall(text)]
+    elsewhere += [_source(parent / "conftest.py") for parent in path.parents if parent.is_relative_to(ROOT / "tests")]
+    names = {name for source in elsewhere for name in MODULE_FIXTURE.findall(source)}
+    parameters = [re.split(r"\s*[:=]", p.strip())[0] for sig in SIGNATURE.findall(text) for p in sig.split(",")]
+    return bool(names & set(parameters))
 
 
 class ModuleOrTest(LoadScopeScheduling):
