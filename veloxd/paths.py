@@ -6,6 +6,8 @@ import os
 import sys
 from pathlib import Path
 
+CONFIG_DEFAULT = "$VELOXD_CONFIG, else ~/.config/veloxd/veloxd.yaml"  # what default_config_path picks, for help texts
+
 
 def default_config_path() -> Path:
     """$VELOXD_CONFIG, else ~/.config/veloxd/veloxd.yaml."""

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from veloxd.paths import default_config_path, default_state_dir
+from veloxd.cli.daemon import state_dir_arg
+from veloxd.paths import CONFIG_DEFAULT, default_config_path, default_state_dir
 
 EXIT_VALID, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
-_DEFAULT = "default: $VELOXD_CONFIG, else ~/.config/veloxd/veloxd.yaml"
 
 
 def register(sub: Any) -> None:
@@ -25,7 +25,7 @@ def register(sub: Any) -> None:
         "variable) are warnings, in the same form. Exit 0 valid (warnings or not; 1 with "
         "--strict when there are warnings), 1 invalid, 2 unreadable.",
     )
-    check.add_argument("file", nargs="?", metavar="FILE", help=f"config file ({_DEFAULT})")
+    check.add_argument("file", nargs="?", metavar="FILE", help=f"config file (default: {CONFIG_DEFAULT})")
     check.add_argument("--json", action="store_true", help="print {valid, errors: [...], warnings: [...]} on stdout")
     check.add_argument("--strict", action="store_true", help="exit 1 when there are warnings too")
     check.add_argument(
@@ -51,10 +51,8 @@ def register(sub: Any) -> None:
         "state file; without a running daemon, with an empty state) and list the servers to "
         "start, restart, update in place, stop or keep. Changes nothing.",
     )
-    plan.add_argument("file", nargs="?", metavar="FILE", help=f"config file ({_DEFAULT})")
-    plan.add_argument(
-        "--state-dir", type=Path, metavar="DIR", help=f"daemon state directory (default: {default_state_dir()})"
-    )
+    plan.add_argument("file", nargs="?", metavar="FILE", help=f"config file (default: {CONFIG_DEFAULT})")
+    state_dir_arg(plan)
     plan.add_argument("--json", action="store_true", help="print the plan as JSON")
     plan.set_defaults(func=run_plan)
 

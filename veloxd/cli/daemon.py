@@ -21,7 +21,12 @@ STATUS_TIMEOUT_S = 5.0  # a daemon whose loop does not answer by then: its state
 
 def state_dir_arg(p: argparse.ArgumentParser) -> None:
     """--state-dir, the same for every command that talks to (or reads) a running daemon."""
-    p.add_argument("--state-dir", type=Path, help=f"the daemon's state directory (default {paths.default_state_dir()})")
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        metavar="DIR",
+        help=f"the daemon's state directory (default: {paths.default_state_dir()})",
+    )
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -32,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "(only changed entries restart), log JSON events. SIGHUP reloads; SIGTERM/SIGINT stop every "
         "server and exit 0. A missing or invalid config does not stop the daemon: it waits for a valid one.",
     )
-    p.add_argument("--config", type=Path, help=f"config file (default $VELOXD_CONFIG or {paths.default_config_path()})")
+    p.add_argument("--config", type=Path, help=f"config file (default: {paths.CONFIG_DEFAULT})")
     p.add_argument("--log-file", type=Path, help=f"JSON-lines log, size-rotated (default {paths.default_log_file()})")
     p.add_argument(
         "--log-format",

@@ -17,7 +17,7 @@ from typing import Any
 
 from veloxd import protocol
 from veloxd.launch import veloxd_argv
-from veloxd.paths import default_config_path
+from veloxd.paths import CONFIG_DEFAULT, default_config_path
 
 
 def register(sub: Any) -> None:
@@ -31,9 +31,7 @@ def register(sub: Any) -> None:
         "network trouble, 1 otherwise.",
     )
     p.add_argument("names", nargs="*", metavar="NAME", help="server names (keys under `servers:`); default: all")
-    p.add_argument(
-        "--config", type=Path, help="config file (default: $VELOXD_CONFIG, else ~/.config/veloxd/veloxd.yaml)"
-    )
+    p.add_argument("--config", type=Path, help=f"config file (default: {CONFIG_DEFAULT})")
     p.add_argument(
         "--model",
         action="append",

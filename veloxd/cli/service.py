@@ -7,6 +7,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from veloxd.paths import CONFIG_DEFAULT
 from veloxd.service import agent, launchctl, systemd
 from veloxd.service.gather import InstallError, absolute, gather
 from veloxd.service.plist import plist_bytes
@@ -28,7 +29,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     install.add_argument(
         "--config",
         metavar="FILE",
-        help="the veloxd.yaml to serve (default: $VELOXD_CONFIG, else ~/.config/veloxd/veloxd.yaml)",
+        help=f"the veloxd.yaml to serve (default: {CONFIG_DEFAULT})",
     )
     _add_common(install)
     install.add_argument(

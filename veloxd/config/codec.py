@@ -24,7 +24,7 @@ def entry_to_dict(entry: Any) -> dict[str, Any]:
         if "kv" in f.metadata:
             out.update(_kv_to_dict(value))
         elif "section" in f.metadata:
-            out[f.name] = None if value is None else _section_to_dict(value)
+            out[f.name] = None if value is None else section_to_dict(value)
         else:
             out[f.name] = _plain(value)
     return out
@@ -61,7 +61,7 @@ def flat_keys(entry: Any, *, live: bool) -> dict[str, Any]:
             if value is None:
                 out[f.name] = None
             else:
-                out.update({f"{f.name}.{k}": v for k, v in _section_to_dict(value).items()})
+                out.update({f"{f.name}.{k}": v for k, v in section_to_dict(value).items()})
         elif isinstance(value, Mapping):
             out.update({f"{f.name}.{k}": value[k] for k in sorted(value)})
         else:
@@ -123,7 +123,7 @@ def _kv_from_dict(data: Mapping[str, Any]) -> KVCacheConfig:
     return KVCacheConfig.from_dict(values)
 
 
-def _section_to_dict(value: Any) -> dict[str, Any]:
+def section_to_dict(value: Any) -> dict[str, Any]:
     """A section as YAML-shaped data, key by key."""
     return {f.name: _plain(getattr(value, f.name)) for f in dataclasses.fields(value)}
 

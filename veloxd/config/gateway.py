@@ -9,22 +9,13 @@ control socket.
 
 from __future__ import annotations
 
-import dataclasses
 import hashlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
-from veloxd.checks import SIZE_HELP, parse_size
-from veloxd.config.keys import (
-    API_KEY_ENV_SCHEMA,
-    HOST_SCHEMA,
-    PORT_SCHEMA,
-    SIZE_OR_NULL_SCHEMA,
-    SIZE_SCHEMA,
-    key,
-    size_or_none,
-    yaml_fields,
-)
+from veloxd.checks import SIZE_HELP
+from veloxd.config.codec import flat_keys, section_from_dict, section_to_dict
+from veloxd.config.keys import API_KEY_ENV_SCHEMA, HOST_SCHEMA, PORT_SCHEMA, key, seconds, size_key
 from veloxd.config.sections import RestartPolicy
 from veloxd.launch import veloxd_argv
 
@@ -33,7 +24,6 @@ GATEWAY_NAME = "@gateway"  # its name among supervised processes: never a valid 
 # Below the ephemeral ranges (Linux 32768-60999, macOS 49152-65535): an outgoing connection's
 # local port can never take an assigned port while its on-demand server is stopped.
 ASSIGNED_PORTS = (28100, 28999)
-TIMEOUT_SCHEMA = {"type": "number", "exclusiveMinimum": 0, "maximum": 86400}
 
 
 @dataclass(frozen=True)
@@ -64,27 +54,23 @@ class Gateway:
         schema={"type": "boolean"},
         live=True,
     )
-    memory_budget: int | None = key(
+    memory_budget: int | None = size_key(
         None,
         help=f"Memory the running servers may use together: {SIZE_HELP}. "
         "Unset: 75% of physical memory, or MLX's recommended working set on Apple "
         "silicon when that is smaller. On-demand servers are admitted within it.",
-        schema=SIZE_OR_NULL_SCHEMA,
         live=True,
-        convert=size_or_none,
     )
-    max_body_bytes: int = key(
+    max_body_bytes: int = size_key(
         16_000_000,
         help=f"Largest request body the gateway accepts: {SIZE_HELP}; larger requests get 413.",
-        schema=SIZE_SCHEMA,
         live=True,
-        convert=parse_size,
     )
     start_timeout_s: float = key(
         300.0,
         help="Seconds a request waits for its server to become ready (an "
         "on-demand start, a restart after a crash) before it gets 503 with Retry-After.",
-        schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+        schema=seconds(86400),
         live=True,
     )
 
@@ -92,39 +78,39 @@ class Gateway:
         10.0,
         help="Seconds a new connection has to send a complete request line and headers; then it is "
         "closed without an answer (a silent or slow client cannot hold a file descriptor).",
-        schema=TIMEOUT_SCHEMA,
+        schema=seconds(86400),
         live=True,
     )
     body_timeout_s: float = key(
         60.0,
         help="Seconds a request has to send its whole body once its headers are in; then it gets 408.",
-        schema=TIMEOUT_SCHEMA,
+        schema=seconds(86400),
         live=True,
     )
     keepalive_timeout_s: float = key(
         15.0,
         help="Seconds an idle keep-alive connection stays open waiting for its next request.",
-        schema=TIMEOUT_SCHEMA,
+        schema=seconds(86400),
         live=True,
     )
     connect_timeout_s: float = key(
         10.0,
         help="Seconds to open a connection to a server's worker; then the request gets 504.",
-        schema=TIMEOUT_SCHEMA,
+        schema=seconds(86400),
         live=True,
     )
     first_byte_timeout_s: float = key(
         600.0,
         help="Seconds from forwarding a request to the first byte of the worker's answer; then 504. "
         "A non-streamed answer starts only when generation is done, so this bounds a whole generation.",
-        schema=TIMEOUT_SCHEMA,
+        schema=seconds(86400),
         live=True,
     )
     read_timeout_s: float = key(
         120.0,
         help="Seconds between two reads from a worker once its answer has begun (streamed or not); then "
         "504, or an SSE error event when a stream has begun. Covers a long prompt's processing in a stream.",
-        schema=TIMEOUT_SCHEMA,
+        schema=seconds(86400),
         live=True,
     )
     max_connections: int = key(
@@ -136,23 +122,18 @@ class Gateway:
     )
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return section_to_dict(self)
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Gateway:
-        return cls(
-            **{
-                f.name: f.metadata["convert"](data[f.name]) if f.metadata.get("convert") else data[f.name]
-                for f in yaml_fields(cls)
-                if f.name in data
-            }
-        )
+        """From schema-valid data, coerced key by key as a server entry's sections are."""
+        return cast(Gateway, section_from_dict(cls, data))
 
     def process_key(self) -> dict[str, Any]:
         return {"gateway.host": self.host, "gateway.port": self.port}
 
     def live_key(self) -> dict[str, Any]:
-        return {f"gateway.{f.name}": getattr(self, f.name) for f in yaml_fields(Gateway) if f.metadata.get("live")}
+        return {f"gateway.{name}": value for name, value in flat_keys(self, live=True).items()}
 
 
 @dataclass(frozen=True)

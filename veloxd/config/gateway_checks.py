@@ -6,10 +6,9 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
-from veloxd.checks import parse_size
 from veloxd.config.gateway import Gateway, assign_port
 from veloxd.config.model import ServerEntry
-from veloxd.config.semantic import Problems, _check_host
+from veloxd.config.semantic import Problems, _check_host, check_sizes
 
 
 def check_gateway(raw: Any, bad_keys: set[str]) -> tuple[Gateway | None, Problems]:
@@ -23,12 +22,7 @@ def check_gateway(raw: Any, bad_keys: set[str]) -> tuple[Gateway | None, Problem
         return None, problems
     if not bad_keys & {"host", "api_key_env", "allow_unauthenticated"}:
         _check_host(raw, report)
-    for size_key in ("memory_budget", "max_body_bytes"):
-        if raw.get(size_key) is not None and size_key not in bad_keys:
-            try:
-                parse_size(raw[size_key])
-            except ValueError as err:
-                report((size_key,), f"gateway.{size_key}: {err}")
+    check_sizes(raw, Gateway, bad_keys, report, label="gateway.")
     if problems or bad_keys or "port" not in raw:
         return None, problems
     return Gateway.from_dict(raw), problems

@@ -25,12 +25,18 @@ ENV_SCHEMA = {
     "propertyNames": {"pattern": ENV_NAME_PATTERN},
     "additionalProperties": {"type": "string"},
 }
-SIZE_SCHEMA = {"type": ["integer", "string"], "minimum": 1, "pattern": SIZE_PATTERN}
-SIZE_OR_NULL_SCHEMA = {"type": ["integer", "string", "null"], "minimum": 1, "pattern": SIZE_PATTERN}
+PATH_OR_NULL_SCHEMA = {"type": ["string", "null"], "minLength": 1}
+_SIZE_SCHEMA = {"type": ["integer", "string"], "minimum": 1, "pattern": SIZE_PATTERN}
+_SIZE_OR_NULL_SCHEMA = {"type": ["integer", "string", "null"], "minimum": 1, "pattern": SIZE_PATTERN}
 
 
-def size_or_none(value: int | str | None) -> int | None:
-    """The `convert` of a size key that may be unset."""
+def seconds(maximum: float, *, minimum: float = 0, nullable: bool = False) -> dict[str, Any]:
+    """The schema of a duration: seconds above 0 (or at least `minimum`), at most `maximum`; `nullable`: may be unset."""
+    low = {"minimum": minimum} if minimum else {"exclusiveMinimum": 0}
+    return {"type": ["number", "null"] if nullable else "number", **low, "maximum": maximum}
+
+
+def _size_or_none(value: int | str | None) -> int | None:
     return None if value is None else parse_size(value)
 
 
@@ -48,6 +54,14 @@ def key(
     return field(default=default, default_factory=factory, metadata=meta)
 
 
+def size_key(default: int | None, *, help: str, live: bool = False) -> Any:
+    """A byte size: an integer or text such as '512MB' (the schema checks the pattern, parse_size the
+    value, on load); a None default makes it optional. `size_paths` finds these keys."""
+    if default is None:
+        return key(None, help=help, schema=_SIZE_OR_NULL_SCHEMA, live=live, convert=_size_or_none)
+    return key(default, help=help, schema=_SIZE_SCHEMA, live=live, convert=parse_size)
+
+
 def section(cls: type, *, help: str, live: bool = False, optional: bool = False) -> Any:
     """A nested mapping of keys, itself a dataclass declared with `key`; `optional`: absent (None) by default."""
     meta = {"help": help, "section": cls, "live": live, "optional": optional}
@@ -57,3 +71,14 @@ def section(cls: type, *, help: str, live: bool = False, optional: bool = False)
 def yaml_fields(cls: type) -> tuple[dataclasses.Field, ...]:
     """The dataclass fields that are YAML keys (or, for `kv`, stand for method/bits/seed/overrides)."""
     return tuple(f for f in dataclasses.fields(cls) if f.metadata)
+
+
+def size_paths(cls: type) -> tuple[tuple[str, ...], ...]:
+    """The paths of `cls`'s size keys (`size_key`), those of its sections included, in declaration order."""
+    paths: list[tuple[str, ...]] = []
+    for f in yaml_fields(cls):
+        if f.metadata.get("convert") in (parse_size, _size_or_none):
+            paths.append((f.name,))
+        elif "section" in f.metadata:
+            paths.extend((f.name, *path) for path in size_paths(f.metadata["section"]))
+    return tuple(paths)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, cast
 from veloxd import protocol
 from veloxd.config.codec import entry_from_dict, entry_to_dict, flat_keys, worker_settings
 from veloxd.config.gateway import ASSIGNED_PORTS
-from veloxd.config.keys import API_KEY_ENV_SCHEMA, ENV_SCHEMA, HOST_SCHEMA, key, section
+from veloxd.config.keys import API_KEY_ENV_SCHEMA, ENV_SCHEMA, HOST_SCHEMA, PATH_OR_NULL_SCHEMA, key, seconds, section
 from veloxd.config.sections import Dashboard, Distributed, Health, Limits, PromptCache, RestartPolicy, Sampling
 from veloxd.kv.config import KVCacheConfig
 
@@ -67,7 +67,7 @@ class ServerEntry:
         None,
         help="LoRA adapter directory loaded on top of the model (relative "
         "paths resolve against this file's directory).",
-        schema={"type": ["string", "null"], "minLength": 1},
+        schema=PATH_OR_NULL_SCHEMA,
     )
     api_key_env: str | None = key(
         None,
@@ -91,13 +91,13 @@ class ServerEntry:
         600.0,
         help="Seconds allowed for loading the model until the worker reports "
         "ready; longer counts as a failed start. A download before it does not count.",
-        schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+        schema=seconds(86400),
         live=True,
     )
     stop_timeout_s: float = key(
         30.0,
         help="Seconds between SIGTERM and SIGKILL when stopping the server.",
-        schema={"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
+        schema=seconds(3600),
         live=True,
     )
     aliases: tuple[str, ...] = key(
@@ -119,7 +119,7 @@ class ServerEntry:
         None,
         help="Seconds without requests after which the gateway stops an "
         "on_demand server; unset: it stays until memory is needed.",
-        schema={"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 31536000},
+        schema=seconds(31536000, nullable=True),
         live=True,
     )
     concurrency: int = key(

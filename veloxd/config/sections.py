@@ -5,16 +5,16 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from veloxd.checks import SIZE_HELP, parse_size
+from veloxd.checks import SIZE_HELP
 from veloxd.config.keys import (
     API_KEY_ENV_SCHEMA,
     ENV_SCHEMA,
     HOST_SCHEMA,
+    PATH_OR_NULL_SCHEMA,
     PORT_SCHEMA,
-    SIZE_OR_NULL_SCHEMA,
-    SIZE_SCHEMA,
     key,
-    size_or_none,
+    seconds,
+    size_key,
 )
 
 
@@ -44,11 +44,9 @@ class PromptCache:
         help="Distinct prompt KV caches kept for reuse across requests.",
         schema={"type": "integer", "minimum": 1, "maximum": 100000},
     )
-    bytes: int | None = key(
+    bytes: int | None = size_key(
         None,
         help=f"Cap on the memory of the kept caches: {SIZE_HELP}; unset: no cap.",
-        schema=SIZE_OR_NULL_SCHEMA,
-        convert=size_or_none,
     )
 
 
@@ -70,13 +68,11 @@ class Limits:
         30.0,
         help="Seconds a client has to send a request's body (a slower one gets 408), and, in "
         "total, its request line and headers (a slower one is disconnected).",
-        schema={"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
+        schema=seconds(3600),
     )
-    max_body_bytes: int = key(
+    max_body_bytes: int = size_key(
         32 * 2**20,
         help=f"Largest request body accepted ({SIZE_HELP}); a larger Content-Length gets 413 before anything is read.",
-        schema=SIZE_SCHEMA,
-        convert=parse_size,
     )
 
 
@@ -91,17 +87,17 @@ class RestartPolicy:
     window_s: float = key(
         300.0,
         help="Seconds over which failures are counted.",
-        schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+        schema=seconds(86400),
     )
     backoff_initial_s: float = key(
         1.0,
         help="Delay before the first restart; it doubles after each failure.",
-        schema={"type": "number", "exclusiveMinimum": 0, "maximum": 3600},
+        schema=seconds(3600),
     )
     backoff_max_s: float = key(
         60.0,
         help="Longest delay between restarts; at least backoff_initial_s.",
-        schema={"type": "number", "exclusiveMinimum": 0, "maximum": 86400},
+        schema=seconds(86400),
     )
 
 
@@ -112,12 +108,12 @@ class Health:
     interval_s: float = key(
         10.0,
         help="Seconds between health probes of a ready server.",
-        schema={"type": "number", "minimum": 0.1, "maximum": 3600},
+        schema=seconds(3600, minimum=0.1),
     )
     timeout_s: float = key(
         5.0,
         help="Seconds one probe may take (connect, request, answer) before it counts as failed.",
-        schema={"type": "number", "exclusiveMinimum": 0, "maximum": 600},
+        schema=seconds(600),
     )
     failures: int = key(
         3,
@@ -148,7 +144,7 @@ class Distributed:
         None,
         help="An MLX hostfile (JSON, as `mlx.distributed_config` writes it; "
         "relative paths resolve against this file's directory) instead of hosts.",
-        schema={"type": ["string", "null"], "minLength": 1},
+        schema=PATH_OR_NULL_SCHEMA,
     )
     backend: str = key(
         "ring",
@@ -173,12 +169,12 @@ class Distributed:
         None,
         help="Python interpreter with veloxd installed on every host (an absolute "
         "path); unset: the daemon's own interpreter, at the same path on every host.",
-        schema={"type": ["string", "null"], "minLength": 1},
+        schema=PATH_OR_NULL_SCHEMA,
     )
     cwd: str | None = key(
         None,
         help="Working directory of the ranks on every host; unset: the daemon's, when it exists there.",
-        schema={"type": ["string", "null"], "minLength": 1},
+        schema=PATH_OR_NULL_SCHEMA,
     )
     env: Mapping[str, str] = key(
         factory=dict,
@@ -213,7 +209,7 @@ class Dashboard:
     interval_s: float = key(
         1.0,
         help="Seconds between samples of states, memory and request counters (live updates and charts).",
-        schema={"type": "number", "minimum": 0.2, "maximum": 60},
+        schema=seconds(60, minimum=0.2),
     )
     history: int = key(
         900,

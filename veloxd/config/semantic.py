@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from veloxd.checks import host_problem, is_loopback, parse_size, resolve_model
+from veloxd.config.keys import size_paths
 from veloxd.config.model import ServerEntry
 from veloxd.config.sections import RestartPolicy
 from veloxd.kv.config import OWN_KEYS, KVConfigError
@@ -39,13 +40,7 @@ def check_entry(
         _check_host(data, report)
     if "restart" not in bad_keys:
         _check_backoff(data.get("restart") or {}, report)
-    for section, size_key in (("prompt_cache", "bytes"), ("limits", "max_body_bytes")):
-        size = None if section in bad_keys else (data.get(section) or {}).get(size_key)
-        if size is not None:
-            try:
-                parse_size(size)
-            except ValueError as err:
-                report((section, size_key), f"{section}.{size_key}: {err}")
+    check_sizes(data, ServerEntry, bad_keys, report)
     if not bad_keys & {"sampling", "limits"}:
         _check_token_cap(data, report)
     if data.get("distributed") is not None and not bad_keys & {"distributed", "model", "adapter_path"}:
@@ -128,6 +123,22 @@ def _check_backoff(restart: dict[str, Any], report: Report) -> None:
     if initial > longest:
         where = "backoff_max_s" if "backoff_max_s" in restart else "backoff_initial_s"
         report(("restart", where), f"restart.backoff_max_s ({longest}) must be at least backoff_initial_s ({initial})")
+
+
+def check_sizes(data: dict[str, Any], cls: type, bad_keys: AbstractSet[str], report: Report, label: str = "") -> None:
+    """Each size key of `cls` given in `data` parses (the schema checks only its pattern); `label`
+    prefixes the key in the message. Keys under a top-level key in `bad_keys` are not checked again."""
+    for path in size_paths(cls):
+        if path[0] in bad_keys:
+            continue
+        value: Any = data
+        for part in path:
+            value = value.get(part) if isinstance(value, dict) else None
+        if value is not None:
+            try:
+                parse_size(value)
+            except ValueError as err:
+                report(path, f"{label}{'.'.join(path)}: {err}")
 
 
 def _check_host(data: dict[str, Any], report: Report) -> None:

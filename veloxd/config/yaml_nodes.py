@@ -152,27 +152,23 @@ class _Converter:
     def problem(self, node: Node, path: tuple, message: str) -> None:
         self.parsed.problems.append((_position(node), path, message))
 
+    def bomb(self, node: Node, path: tuple, limit: str) -> YamlProblem:
+        """Aliases expanded past `limit`: reported at the top-level key they stand under."""
+        where = self.parsed.spans.get(path[:1])
+        position = where.key or where.value if where else _position(node)
+        return YamlProblem(position, f"aliases expand to more than {limit} (an alias bomb?)", path[:1])
+
     def value(self, node: Node, path: tuple, key: Position | None) -> Any:
         self.count += 1
         if self.count > MAX_NODES:
-            where = self.parsed.spans.get(path[:1])
-            raise YamlProblem(
-                where.key or where.value if where else _position(node),
-                f"aliases expand to more than {MAX_NODES} values (an alias bomb?)",
-                path[:1],
-            )
+            raise self.bomb(node, path, f"{MAX_NODES} values")
         if id(node) in self.active:
             raise YamlProblem(_position(node), "recursive alias: a value contains itself", path)
         self.parsed.spans[path] = Span(key, _position(node), not isinstance(node, ScalarNode))
         if isinstance(node, ScalarNode):
             self.chars += len(node.value)
             if self.chars > MAX_CHARS:
-                where = self.parsed.spans.get(path[:1])
-                raise YamlProblem(
-                    where.key or where.value if where else _position(node),
-                    f"aliases expand to more than {MAX_CHARS} characters (an alias bomb?)",
-                    path[:1],
-                )
+                raise self.bomb(node, path, f"{MAX_CHARS} characters")
             return self.scalar(node, path)
         self.active.add(id(node))
         try:

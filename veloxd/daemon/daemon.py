@@ -167,7 +167,7 @@ class Daemon:
 
     # ---- messages -------------------------------------------------------------------------
     def _handle(self, msg: Any, now: float) -> None:
-        if isinstance(msg, (m.ChildExited, m.ReadyLine, m.DownloadLine, m.Healthy, m.HealthProbed)):
+        if isinstance(msg, m.ChildReport):
             self.supervisor.on_message(msg, now)
             if isinstance(msg, m.ReadyLine):
                 self.ondemand.on_ready_line(msg.server, msg.payload)

@@ -80,41 +80,40 @@ class Shutdown:
 
 
 @dataclass(frozen=True)
-class ChildExited:
+class ChildReport:
+    """What a spawn's reader, waiter or prober thread reports: of which server, which of its spawns."""
+
     server: str
     spawn_id: int
+
+
+@dataclass(frozen=True)
+class ChildExited(ChildReport):
     returncode: int
 
 
 @dataclass(frozen=True)
-class ReadyLine:
-    server: str
-    spawn_id: int
+class ReadyLine(ChildReport):
     payload: dict[str, Any]
     problem: str | None = None  # how the line breaks veloxd.protocol (the worker is then refused)
 
 
 @dataclass(frozen=True)
-class DownloadLine:
+class DownloadLine(ChildReport):
     """A `VELOXD_DOWNLOAD {json}` line of an entry's download step (veloxd/download/protocol.py)."""
 
-    server: str
-    spawn_id: int
     payload: dict[str, Any]
 
 
 @dataclass(frozen=True)
-class Healthy:
-    server: str
-    spawn_id: int
+class Healthy(ChildReport):
+    pass
 
 
 @dataclass(frozen=True)
-class HealthProbed:
+class HealthProbed(ChildReport):
     """One liveness probe of a READY worker ended: `error` None means /health answered 200."""
 
-    server: str
-    spawn_id: int
     sequence: int
     error: str | None
 

@@ -125,9 +125,7 @@ class Supervisor:
         return all(s.state is ServerState.STOPPED for s in self.servers.values())
 
     # ---- the loop's calls ----------------------------------------------------------------
-    def on_message(
-        self, msg: m.ChildExited | m.ReadyLine | m.DownloadLine | m.Healthy | m.HealthProbed, now: float
-    ) -> None:
+    def on_message(self, msg: m.ChildReport, now: float) -> None:
         server = self.servers.get(msg.server)
         if server is None:
             return
@@ -139,7 +137,7 @@ class Supervisor:
             server.on_download_line(msg.spawn_id, msg.payload, now)
         elif isinstance(msg, m.HealthProbed):
             server.on_health_probed(msg.spawn_id, msg.sequence, msg.error, now)
-        else:
+        elif isinstance(msg, m.Healthy):
             server.on_healthy(msg.spawn_id, now)
         self._advance(now)
 
