@@ -3,7 +3,9 @@ two concurrent requests in one batch of its own batch cache class."""
 
 from __future__ import annotations
 
-import threading
+import http.client
+import json
+from urllib.parse import urlsplit
 
 import pytest
 
@@ -56,19 +58,24 @@ def test_method_serves_end_to_end(tiny_model, method):
             # 4096 fp16 tokens (measured at capacity-step multiples): these caches hold no fixed bytes
             assert at_4k["ratio"] == pytest.approx(HELD_SLOTS[method] / 4096, rel=0.03), ready["kv_memory"]
         base = ready["endpoints"]["openai_base_url"]
-        results: list[tuple[int, dict]] = []
-
-        def ask(tag: str) -> None:
-            body = {"prompt": f"{tag} {LONG_PROMPT}", "max_tokens": 12, "temperature": 0.0}
-            results.append(http_json(f"{base}/completions", body, timeout=180))
-
-        threads = [threading.Thread(target=ask, args=(tag,)) for tag in ("a", "b")]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join(240)
-        assert [status for status, _ in results] == [200, 200], results
-        assert all(reply["usage"]["completion_tokens"] == 12 for _, reply in results)
+        # Two requests at once, made to overlap whatever the machine's speed: the first streams a long
+        # completion and is read up to its first token; the second is asked while it runs, then the
+        # first is dropped (the worker stops it: its client is gone). A method that does not batch
+        # serves them one after the other: the first is short then.
+        first = http.client.HTTPConnection(urlsplit(base).netloc, timeout=180)
+        body = {"prompt": f"a {LONG_PROMPT}", "max_tokens": 2000 if info.batchable else 12, "stream": True}
+        first.request(
+            "POST", urlsplit(base).path + "/completions", json.dumps(body), {"Content-Type": "application/json"}
+        )
+        streaming = first.getresponse()
+        assert streaming.status == 200
+        while not (line := streaming.readline()).startswith(b"data: "):  # keepalives during the prefill
+            assert line, "the stream ended before its first token"
+        status, reply = http_json(
+            f"{base}/completions", {"prompt": f"b {LONG_PROMPT}", "max_tokens": 12, "temperature": 0.0}, timeout=180
+        )
+        first.close()
+        assert status == 200 and reply["usage"]["completion_tokens"] == 12, reply
         assert not any("Traceback" in line for line in worker.stderr), worker.stderr[-30:]
         # mlx_lm's batched path, with this method's batch class in every layer (never fp16's
         # BatchKVCache), held both requests at once; a method that does not batch never enters it
