@@ -135,6 +135,21 @@ class WindowRead:
         held = w.valid[:, lo - base : hi - base][:, None, None, None, :]  # [B, 1, 1, 1, m]
         return lo - start, hi - start, lo - base, near[None, None, None] & held
 
+    def decode_part(self, q: mx.array) -> tuple[int, mx.array, mx.array, mx.array] | None:
+        """A decode step's exact part (veloxd.kv.quant.onepass), None when the window reads nothing:
+        (first position read, scores [B, Hkv, R, 1, m] with -inf where a slot is not read exactly,
+        values [B, Hkv, 1, m, Dv], exact-read mask [B, 1, 1, 1, m]) for positions first..end.
+
+        q [B, Hkv, R, 1, >= D]: the codec's rotated, pre-scaled queries."""
+        span = self._span(0, 1, 0, self.end)
+        if span is None:
+            return None
+        lo, hi, slot, read = span
+        keys = self.window.keys[:, :, None, slot : slot + hi - lo]  # [B, Hkv, 1, m, D]
+        exact = (q[..., : keys.shape[-1]] @ keys.swapaxes(-1, -2).astype(q.dtype)).astype(mx.float32)  # [B, Hkv, R, 1, m]
+        values = self.window.values[:, :, None, slot : slot + hi - lo]  # [B, Hkv, 1, m, Dv]
+        return lo, mx.where(read, exact, -mx.inf), values, read
+
     def scores(self, s: mx.array, q: mx.array, qs: int, qe: int, start: int, stop: int) -> mx.array:
         """Scores s [B, Hkv, R, Lq, n] of keys [start, stop), exact q·k where the window reads.
 
