@@ -15,6 +15,8 @@ B * Hq * capacity floats, a [B, capacity] keep mask, and the window's B * Hq * W
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import mlx.core as mx
 
 from veloxd.kv.ops import packing
@@ -22,6 +24,16 @@ from veloxd.kv.ops.blockwise import MaskFn, group_queries, ungroup
 from veloxd.kv.quant.window import WindowRead
 
 Store = dict[str, mx.array]
+
+
+class Codec(Protocol):
+    """What a decode step needs of a TokenCodec (veloxd.kv.quant.tokencache)."""
+
+    def rotate_queries(self, q: mx.array) -> mx.array: ...
+
+    def scores(self, q: mx.array, store: Store) -> mx.array: ...
+
+    def weighted_values(self, p: mx.array, store: Store) -> mx.array: ...
 
 
 def codes_keep(
@@ -47,7 +59,7 @@ def codes_keep(
 
 
 def decode_step(
-    codec: object,
+    codec: Codec,
     store: Store,
     length: int,
     queries: mx.array,
@@ -57,20 +69,19 @@ def decode_step(
 ) -> mx.array:
     """Attention of one query per row, queries [B, Hq, 1, D], over the `length` stored tokens.
 
-    `codec` is a TokenCodec (scores/weighted_values over the whole buffer); returns [B, Hq, 1, Dv]
-    in the queries' dtype, before the codec's `finish`."""
+    The codec's scores and weighted values read the whole buffer (capacity slots); returns
+    [B, Hq, 1, Dv] in the queries' dtype, before the codec's `finish`."""
     n_kv_heads = next(iter(store.values())).shape[1]
     cap = packing.capacity(store)
-    q = group_queries(codec.rotate_queries(queries) * scale, n_kv_heads)  # type: ignore[attr-defined]  # [B, Hkv, R, 1, D]
-    s = codec.scores(q, store).astype(mx.float32)  # type: ignore[attr-defined]  # [B, Hkv, R, 1, cap]
+    q = group_queries(codec.rotate_queries(queries) * scale, n_kv_heads)  # [B, Hkv, R, 1, D]
+    s = codec.scores(q, store).astype(mx.float32)  # [B, Hkv, R, 1, cap]
     exact = None if window is None else window.decode_part(q)
+    exact_from, exact_read = length, None
     if exact is not None:
-        lo, exact_s, exact_v, read = exact  # [B, Hkv, R, 1, m], [B, Hkv, 1, m, Dv], [B, 1, 1, 1, m]
-        if mask_fn is not None:
-            visible = mask_fn(0, 1, lo, length)
-            if visible is not None:
-                exact_s = mx.where(visible, exact_s, -mx.inf)
-    exact_from, exact_read = (length, None) if exact is None else (exact[0], exact[3])
+        exact_from, exact_s, exact_v, exact_read = exact  # [B, Hkv, R, 1, m], [B, Hkv, 1, m, Dv], [B, 1, 1, 1, m]
+        visible = None if mask_fn is None else mask_fn(0, 1, exact_from, length)
+        if visible is not None:
+            exact_s = mx.where(visible, exact_s, -mx.inf)
     keep = codes_keep(length, cap, mask_fn, exact_from, exact_read)
     if keep is not None:
         s = mx.where(keep, s, -mx.inf)
@@ -80,7 +91,7 @@ def decode_step(
     top = mx.where(mx.isinf(top), 0.0, top)  # a row with nothing visible stays at zero
     p = mx.exp(s - top)  # [B, Hkv, R, 1, cap]: zero on every slot the codes do not answer for
     denom = p.sum(axis=-1, keepdims=True)
-    out = codec.weighted_values(p.astype(queries.dtype), store).astype(mx.float32)  # type: ignore[attr-defined]
+    out = codec.weighted_values(p.astype(queries.dtype), store).astype(mx.float32)
     if exact is not None:
         p_exact = mx.exp(exact_s - top)  # [B, Hkv, R, 1, m]
         denom = denom + p_exact.sum(axis=-1, keepdims=True)

@@ -146,7 +146,9 @@ class WindowRead:
             return None
         lo, hi, slot, read = span
         keys = self.window.keys[:, :, None, slot : slot + hi - lo]  # [B, Hkv, 1, m, D]
-        exact = (q[..., : keys.shape[-1]] @ keys.swapaxes(-1, -2).astype(q.dtype)).astype(mx.float32)  # [B, Hkv, R, 1, m]
+        exact = (q[..., : keys.shape[-1]] @ keys.swapaxes(-1, -2).astype(q.dtype)).astype(
+            mx.float32
+        )  # [B, Hkv, R, 1, m]
         values = self.window.values[:, :, None, slot : slot + hi - lo]  # [B, Hkv, 1, m, Dv]
         return lo, mx.where(read, exact, -mx.inf), values, read
 
