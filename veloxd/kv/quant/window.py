@@ -153,7 +153,8 @@ class WindowRead:
         return lo, mx.where(read, exact, -mx.inf), values, read
 
     def scores(self, s: mx.array, q: mx.array, qs: int, qe: int, start: int, stop: int) -> mx.array:
-        """Scores s [B, Hkv, R, Lq, n] of keys [start, stop), exact q·k where the window reads.
+        """Scores s [B, Hkv, R, Lq, n] of keys [start, stop), exact q·k where the window reads
+        (s is updated in place: pass scores nothing else holds).
 
         q [B, Hkv, R, Lq, >= D]: the codec's rotated queries, whose first D dims meet window_keys.
         """
@@ -163,7 +164,10 @@ class WindowRead:
         lo, hi, slot, read = span
         keys = self.window.keys[:, :, None, slot : slot + hi - lo]  # [B, Hkv, 1, m, D]
         exact = (q[..., : keys.shape[-1]] @ keys.swapaxes(-1, -2).astype(q.dtype)).astype(s.dtype)  # [B, Hkv, R, Lq, m]
-        return mx.concatenate([s[..., :lo], mx.where(read, exact, s[..., lo:hi]), s[..., hi:]], axis=-1)
+        # a slice update, not a concatenation: MLX writes the band into s's buffer (s is the
+        # caller's fresh scores, used nowhere else), 13% of a 512-token prefill's attention
+        s[..., lo:hi] = mx.where(read, exact, s[..., lo:hi])
+        return s
 
     def split(self, p: mx.array, qs: int, qe: int, start: int, stop: int) -> tuple[mx.array, mx.array | None]:
         """(weights p [B, Hkv, R, Lq, n] left for the codes, the window's exact part of p @ values)."""
