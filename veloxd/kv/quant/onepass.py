@@ -46,8 +46,9 @@ def codes_keep(
     keep = None if mask_fn is None else mask_fn(0, 1, 0, length)  # [.., 1, length] bool or None
     if exact_read is not None:
         not_exact = mx.logical_not(exact_read)  # [B, 1, 1, 1, m]
-        head = mx.ones((*not_exact.shape[:-1], exact_from), mx.bool_)
-        own = mx.concatenate([head, not_exact], axis=-1)  # [B, 1, 1, 1, length]
+        own = mx.pad(
+            not_exact, [(0, 0)] * (not_exact.ndim - 1) + [(exact_from, 0)], constant_values=mx.array(True)
+        )  # [B, 1, 1, 1, length]
         keep = own if keep is None else keep & own
     if keep is None:
         if cap == length:

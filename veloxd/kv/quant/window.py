@@ -141,10 +141,14 @@ class WindowRead:
         values [B, Hkv, 1, m, Dv], exact-read mask [B, 1, 1, 1, m]) for positions first..end.
 
         q [B, Hkv, R, 1, >= D]: the codec's rotated, pre-scaled queries."""
-        span = self._span(0, 1, 0, self.end)
-        if span is None:
+        w = self.window
+        base = self.end - w.size  # buffer position of slot 0
+        lo, hi = max(0, base, self.end - w.reach), self.end  # the one query (end - 1) reads lo..end exactly
+        if lo >= hi:
             return None
-        lo, hi, slot, read = span
+        slot = lo - base
+        # every position lo..end is among the query's W newest: what is held is what is read
+        read = w.valid[:, slot : slot + hi - lo][:, None, None, None, :]  # [B, 1, 1, 1, m]
         keys = self.window.keys[:, :, None, slot : slot + hi - lo]  # [B, Hkv, 1, m, D]
         exact = (q[..., : keys.shape[-1]] @ keys.swapaxes(-1, -2).astype(q.dtype)).astype(
             mx.float32
