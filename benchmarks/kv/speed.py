@@ -1,9 +1,10 @@
 """`make bench-speed`: decode and prefill speed of every cache, side by side in one run.
 
 For each context (2k, 8k, 32k cached tokens; --quick: 2k and 8k) every arm's caches are filled by
-prefill in 1024-token chunks (benchmarks/kv/speed_model.py), then decode is timed in 3 interleaved
-rounds: in each round every arm, in turn, runs 12 single-token decode steps (single request, then
-a batch of 4), and an arm's figure is the median over all its steps. Prefill: the time of one
+prefill in 1024-token chunks (benchmarks/kv/speed_model.py), then decode is timed in 3 rounds of 12
+single-token steps, interleaved step by step: each step of every arm (single request, then a batch
+of 4) runs next to the same step of every other arm, and an arm's figure is the median over all
+its steps. Prefill: the time of one
 512-token chunk after a 1024-token prompt, interleaved the same way. Ratios are speeds relative to
 fp16 and to mlx_lm's QuantizedKVCache 4-bit, both measured in the same rounds (> 1: faster).
 Prints whether OpenBLAS was preloaded (LD_PRELOAD); --json writes benchmarks/results/speed.json.
@@ -38,15 +39,11 @@ PREFILL_PROMPT, PREFILL_CHUNK = 1024, 512
 RESULTS = RESULTS_DIR / "speed.json"
 
 
-def decode_ms(model: Any, caches: list[Any], batch: int, steps: int = STEPS) -> list[float]:
-    """Milliseconds of each of `steps` single-token decode steps (logits evaluated)."""
-    token = tokens(1, batch, seed=2)
-    times = []
-    for _ in range(steps):
-        start = time.perf_counter()
-        mx.eval(model(token, cache=caches))
-        times.append((time.perf_counter() - start) * 1000)
-    return times
+def decode_step_ms(model: Any, caches: list[Any], token: mx.array) -> float:
+    """Milliseconds of one single-token decode step (logits evaluated)."""
+    start = time.perf_counter()
+    mx.eval(model(token, cache=caches))
+    return (time.perf_counter() - start) * 1000
 
 
 def prefill_ms(model: Any, arm: Arm) -> float:
@@ -64,12 +61,16 @@ def measure_context(model: Any, arms: list[Arm], context: int) -> dict[str, dict
     single = {a.label: filled(model, a, context) for a in arms}
     batch = {label: batched(caches, BATCH) for label, caches in single.items()}
     times: dict[str, dict[str, list[float]]] = {a.label: {"single": [], "batch": []} for a in arms}
+    tokens_of = {"single": tokens(1, 1, seed=2), "batch": tokens(1, BATCH, seed=2)}
+    # Interleaved step by step (each arm's step next to every other arm's): on a machine whose
+    # load changes by the second, consecutive steps of one arm would measure the load instead.
     for _ in range(ROUNDS):
-        for a in arms:
-            times[a.label]["single"] += decode_ms(model, single[a.label], 1)
-            caches = batch[a.label]
-            if caches is not None:
-                times[a.label]["batch"] += decode_ms(model, caches, BATCH)
+        for _ in range(STEPS):
+            for kind, caches_of in (("single", single), ("batch", batch)):
+                for a in arms:
+                    caches = caches_of[a.label]
+                    if caches is not None:
+                        times[a.label][kind].append(decode_step_ms(model, caches, tokens_of[kind]))
     return {
         label: {kind: (statistics.median(t) if t else None) for kind, t in per.items()} for label, per in times.items()
     }

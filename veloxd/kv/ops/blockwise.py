@@ -1,6 +1,8 @@
 """Attention over a stored form: a decode step in one pass, a prefill chunk in blocks (online softmax).
 
-Every veloxd cache attends through `blockwise_attention`.
+Every veloxd cache attends through `blockwise_attention`, except the decode step of a per-token
+codec (affine, TurboQuant, QJL): veloxd.kv.quant.onepass reads it in the same single pass, with
+the recent window as a second softmax part instead of an overlay spliced into every score.
 
 A decode step (one query per row) reads the whole stored form in ONE pass with a constant number
 of MLX operations, whatever the context length: the codec's score and value functions are called

@@ -46,8 +46,9 @@ import mlx.core as mx
 
 from veloxd.kv.base import LayerSpec, VeloxCache
 from veloxd.kv.config import WINDOWED, KVCacheConfig
-from veloxd.kv.ops import packing
+from veloxd.kv.ops import blockwise, packing
 from veloxd.kv.ops.blockwise import DEFAULT_BLOCK, blockwise_attention
+from veloxd.kv.quant import onepass
 from veloxd.kv.quant.window import RecentWindow, WindowRead
 
 STEP = 256
@@ -115,6 +116,11 @@ def attend_store(
     `window` holds exactly are read from it instead of the codes."""
     n_kv_heads = next(iter(store.values())).shape[1]
     codec = codec.for_call(queries, n_kv_heads)
+    read = None if window is None else WindowRead(window, length, queries.shape[2])
+    if queries.shape[2] == 1 and codec.decode_block is None and blockwise.key_block(1, length, block) >= length:
+        # a decode step: one pass, the window merged by log-sum-exp (no copy over the context)
+        mask_fn = blockwise.as_mask_fn(mask, 1, length)
+        return codec.finish(onepass.decode_step(codec, store, length, queries, scale, mask_fn, read))
 
     spare = packing.capacity(store) - length
 
@@ -141,7 +147,7 @@ def attend_store(
         values,
         mask=mask,
         block=block,
-        overlay=None if window is None else WindowRead(window, length, queries.shape[2]),
+        overlay=read,
         decode_block=None if codec.decode_block is None else min(codec.decode_block, block),
     )
     assert out is not None  # value_fn was given

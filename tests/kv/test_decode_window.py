@@ -1,0 +1,156 @@
+"""A decode step over packed codes and the recent window (veloxd.kv.quant.onepass) is exact.
+
+- affine-4 with its 32-token window, at GQA 1 to 16 and head dims 64, 96 and 128, against an
+  explicit reference: the stored codes dequantized in the test, the window's newest W positions
+  replaced by their exact (rotated) keys and values, one softmax. Head dim 80 is refused by every
+  affine group size (32, 64, 128) before load, so it has no case here.
+- the cases where the window does not cover its W positions (after a trim, in a left-padded
+  batch, with the window longer than the context) against the block loop's overlay path
+  (veloxd.kv.ops.blockwise with 16-key blocks), which reads the window slot by slot.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import mlx.core as mx
+import pytest
+
+from veloxd.kv import KVCacheConfig
+from veloxd.kv.base import LayerSpec
+from veloxd.kv.factory import cache_class
+from veloxd.kv.ops import blockwise
+
+N_KV = 2
+CONTEXT = 300
+W = 32
+SHAPES = [(g, d) for g in (1, 2, 4, 8, 16) for d in (64, 96, 128)]
+
+
+def config(method: str, d: int, **fields: Any) -> KVCacheConfig:
+    if method == "affine" and d == 96:
+        fields.setdefault("affine_group_size", 32)  # 96 is not a multiple of the default 64
+    return KVCacheConfig(method=method, recent_window=W, **fields)
+
+
+def filled(cfg: KVCacheConfig, n_q: int, d: int, context: int = CONTEXT, seed: int = 3) -> Any:
+    """A cache of `context` tokens, prefilled in attended 128-token chunks as a server does."""
+    cache = cache_class(cfg.method)(cfg, LayerSpec(0, 1))
+    key = mx.random.key(seed)
+    for start in range(0, context, 128):
+        n = min(128, context - start)
+        k1, k2, k3, key = mx.random.split(key, 4)
+        keys = mx.random.normal((1, N_KV, n, d), key=k1).astype(mx.float16)
+        values = mx.random.normal((1, N_KV, n, d), key=k2).astype(mx.float16)
+        cache.update_and_fetch(keys, values)
+        mx.eval(cache.attend(mx.random.normal((1, n_q, n, d), key=k3).astype(mx.float16), d**-0.5, "causal"))
+    return cache
+
+
+def one_token(batch: int, n_q: int, d: int) -> tuple[mx.array, mx.array, mx.array]:
+    k1, k2, k3 = mx.random.split(mx.random.key(7), 3)
+    keys = mx.random.normal((batch, N_KV, 1, d), key=k1).astype(mx.float16)
+    values = mx.random.normal((batch, N_KV, 1, d), key=k2).astype(mx.float16)
+    return mx.random.normal((batch, n_q, 1, d), key=k3).astype(mx.float16), keys, values
+
+
+def reference(cache: Any, queries: mx.array, scale: float) -> mx.array:
+    """Softmax attention over the dequantized codes with the window's W newest positions exact."""
+    codec, store, T = cache.codec, cache.store, cache.offset
+    g = codec.group_size
+
+    def dense(prefix: str, bits: int) -> mx.array:
+        codes, scales, biases = (store[f"{prefix}_{n}"][:, :, :T] for n in ("codes", "scales", "biases"))
+        return mx.dequantize(codes, scales.astype(mx.float32), biases.astype(mx.float32), group_size=g, bits=bits)
+
+    keys, values = dense("k", codec.key_bits), dense("v", codec.value_bits)  # [1, Hkv, T, D]: test-only copies
+    exact_k = cache.window.keys[:, :, -W:].astype(mx.float32)  # the W newest, in the rotated frame
+    exact_v = cache.window.values[:, :, -W:].astype(mx.float32)
+    keys = mx.concatenate([keys[:, :, : T - W], exact_k], axis=2)
+    values = mx.concatenate([values[:, :, : T - W], exact_v], axis=2)
+    B, n_q, _, d = queries.shape
+    q = codec.rotate_queries(queries.astype(mx.float32)) * scale
+    q = q.reshape(B, N_KV, n_q // N_KV, d)  # [B, Hkv, R, D]
+    weights = mx.softmax(q @ keys.swapaxes(-1, -2), axis=-1)  # [B, Hkv, R, T]
+    return (weights @ values).reshape(B, n_q, 1, -1)
+
+
+@pytest.mark.parametrize(("gqa", "d"), SHAPES, ids=[f"gqa{g}-d{d}" for g, d in SHAPES])
+def test_affine_decode_with_window_equals_an_explicit_reference(gqa: int, d: int) -> None:
+    n_q = N_KV * gqa
+    cache = filled(config("affine", d), n_q, d)
+    queries, keys, values = one_token(1, n_q, d)
+    cache.update_and_fetch(keys, values)
+    want = reference(cache, queries, d**-0.5)  # before attend: attend shrinks the window to W
+    got = cache.attend(queries, d**-0.5, None).astype(mx.float32)
+    assert got.shape == (1, n_q, 1, d)
+    assert mx.allclose(got, want, atol=2e-3, rtol=2e-2).item(), mx.abs(got - want).max().item()
+
+
+def blocked_key_block(L: int, length: int, block: int = blockwise.DEFAULT_BLOCK, decode_block: Any = None) -> int:
+    """The block loop's decode: 16-key blocks (fewer than any context here), the window read as an overlay."""
+    return 16 if L == 1 else block
+
+
+def both_paths(make: Any, step: Any, monkeypatch: pytest.MonkeyPatch) -> list[mx.array]:
+    """The decode output of the one-pass path, then of the block loop, on equal fresh caches."""
+    outs = []
+    for blocked in (False, True):
+        if blocked:
+            monkeypatch.setattr(blockwise, "key_block", blocked_key_block)
+        out = step(make())
+        mx.eval(out)
+        outs.append(out.astype(mx.float32))
+    return outs
+
+
+METHODS = ["affine", "turboquant_mse", "qjl"]
+UNIFORM = {"turboquant_mse": {"turboquant_codebook": "uniform"}}  # its one-pass form (Lloyd-Max: blocks)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_decode_after_a_trim_reads_rolled_out_slots_from_codes(method: str, monkeypatch) -> None:
+    n_q, d = 8, 128
+    queries, keys, values = one_token(1, n_q, d)
+
+    def step(cache: Any) -> mx.array:
+        cache.trim(5)  # the window's 5 newest slots go; its 5 oldest now hold nothing exact
+        cache.update_and_fetch(keys, values)
+        return cache.attend(queries, d**-0.5, None)
+
+    got, want = both_paths(lambda: filled(config(method, d, **UNIFORM.get(method, {})), n_q, d), step, monkeypatch)
+    assert mx.allclose(got, want, atol=2e-3, rtol=2e-2).item(), mx.abs(got - want).max().item()
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_batched_decode_with_left_padding_matches_the_block_loop(method: str, monkeypatch) -> None:
+    n_q, d = 8, 128
+    cfg = config(method, d, **UNIFORM.get(method, {}))
+    queries, keys, values = one_token(2, n_q, d)
+
+    def make() -> Any:  # rows of 300 and 140 tokens: the shorter is left-padded by 160
+        return cache_class(method).merge([filled(cfg, n_q, d, CONTEXT, 3), filled(cfg, n_q, d, 140, 5)])
+
+    def step(cache: Any) -> mx.array:
+        mask = cache.make_mask(1, return_array=True)
+        cache.update_and_fetch(keys, values)
+        return cache.attend(queries, d**-0.5, mask)
+
+    got, want = both_paths(make, step, monkeypatch)
+    assert got.shape == (2, n_q, 1, d)
+    assert mx.allclose(got, want, atol=2e-3, rtol=2e-2).item(), mx.abs(got - want).max().item()
+
+
+def test_decode_with_a_window_longer_than_the_context(monkeypatch) -> None:
+    n_q, d = 4, 64
+    queries, keys, values = one_token(1, n_q, d)
+
+    def step(cache: Any) -> mx.array:
+        cache.update_and_fetch(keys, values)
+        return cache.attend(queries, d**-0.5, None)
+
+    def make() -> Any:  # 21 tokens: every one read exactly
+        return filled(config("affine", d), n_q, d, context=20)
+
+    got, want = both_paths(make, step, monkeypatch)
+    assert mx.allclose(got, want, atol=2e-3, rtol=2e-2).item(), mx.abs(got - want).max().item()
