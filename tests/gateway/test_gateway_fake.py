@@ -31,6 +31,7 @@ from tests.gateway.support import (
 )
 from tests.support import free_port, http_json, run_veloxd, wait_until
 from veloxd.config.gateway import ASSIGNED_PORTS
+from veloxd.daemon.longpoll import MAX_WAIT_S
 from veloxd.gateway.events import BATCH_S
 
 
@@ -306,8 +307,9 @@ def test_a_request_for_a_waiting_server_is_told_why_and_the_server_heals(
         h.start()
         h.wait_states({GATEWAY: "ready", "lazy": "stopped"})
         base = f"http://127.0.0.1:{gateway['port']}"
-        # the first request starts it and waits for it; the daemon finds the port taken
-        status, body = post(base, "/v1/completions", {"model": "lazy", "prompt": "x"}, timeout=120)
+        # the first request starts it and waits for it; the daemon finds the port taken. It is told at
+        # once: a request that only the long poll's deadline woke would take MAX_WAIT_S.
+        status, body = post(base, "/v1/completions", {"model": "lazy", "prompt": "x"}, timeout=MAX_WAIT_S - 5)
         assert status == 503, body
         assert "waiting" in body["error"]["message"] and str(port) in body["error"]["message"]
         h.wait_states({"lazy": "waiting"})
