@@ -17,7 +17,7 @@ import mlx.core as mx
 from benchmarks.paths import ASSETS
 
 ASSET = ASSETS / "tiny-llama"
-OUTLIER_PAIRS = (3, 17, 40, 58)  # rotary pair indices i (< D/2) scaled in every layer and KV head
+OUTLIER_PAIRS = (3, 17, 40, 58)  # rotary pair indices i (< D/2) at head_dim 128, scaled in every layer and KV head
 OUTLIER_SCALE = 20.0
 
 
@@ -46,17 +46,24 @@ def load(path: Path) -> BenchModel:
     model, tokenizer = mlx_load(str(path))
     model.set_dtype(mx.float32)  # CPU: float16 matmuls are far slower than float32
     mx.eval(model.parameters())
-    return BenchModel("tiny-llama", path, model, tokenizer)
+    return BenchModel(path.name, path, model, tokenizer)  # the shipped model's directory is tiny-llama
 
 
 def outlier_rows(head_dim: int, n_heads: int, pairs: tuple[int, ...]) -> list[int]:
     """Output rows of a q/k projection for rotary pairs (i, i + D/2) in every head."""
     half = head_dim // 2
+    if any(not 0 <= i < half for i in pairs):  # an index past the head would write outside the weight
+        raise ValueError(f"rotary pair indices {pairs} must lie in [0, {half}) for head_dim {head_dim}")
     return [h * head_dim + j for h in range(n_heads) for i in pairs for j in (i, i + half)]
 
 
+def outlier_pairs(head_dim: int, pairs: tuple[int, ...] = OUTLIER_PAIRS) -> tuple[int, ...]:
+    """OUTLIER_PAIRS placed at the same fractions of the rotary spectrum for another head_dim."""
+    return tuple(i * (head_dim // 2) // 64 for i in pairs)
+
+
 def with_outlier_keys(
-    bench: BenchModel, scale: float = OUTLIER_SCALE, pairs: tuple[int, ...] = OUTLIER_PAIRS
+    bench: BenchModel, scale: float = OUTLIER_SCALE, pairs: tuple[int, ...] | None = None
 ) -> BenchModel:
     """A second, function-preserving copy of the model whose keys have outlier channels."""
     from mlx_lm import load as mlx_load
@@ -67,8 +74,9 @@ def with_outlier_keys(
         attn = layer.self_attn
         if getattr(attn.rope, "traditional", False):
             raise ValueError("outlier variant assumes non-traditional RoPE (pairs i, i + D/2)")
-        k_rows = outlier_rows(attn.head_dim, attn.n_kv_heads, pairs)
-        q_rows = outlier_rows(attn.head_dim, attn.n_heads, pairs)
+        chosen = outlier_pairs(attn.head_dim) if pairs is None else pairs
+        k_rows = outlier_rows(attn.head_dim, attn.n_kv_heads, chosen)
+        q_rows = outlier_rows(attn.head_dim, attn.n_heads, chosen)
         k_factor = mx.ones((attn.k_proj.weight.shape[0], 1))  # (Hkv * D, 1)
         k_factor[mx.array(k_rows)] = scale
         q_factor = mx.ones((attn.q_proj.weight.shape[0], 1))  # (Hq * D, 1)
