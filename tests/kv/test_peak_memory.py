@@ -7,6 +7,8 @@ pack in 32-element groups and refuse it before load). The peak above what was he
 under `transient_bound` (veloxd.kv.ops.blockwise states it): for a prefill chunk it does not grow
 with the cache (dequantizing the whole cache, 16 blocks, would exceed it); for a decode step it is
 the scores (B * Hq * T floats) plus the step's I/O, under a float32 copy of the whole cache.
+Eviction caches hold fp16 slots, which a prefill chunk reads in one span when the score bound
+allows (a block of them is a view, not a copy): their prefill bound is taken at that span.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from veloxd.kv import KVCacheConfig, registry
 from veloxd.kv.base import LayerSpec
 from veloxd.kv.config import WINDOWED
 from veloxd.kv.factory import cache_class
-from veloxd.kv.ops.blockwise import transient_bound
+from veloxd.kv.ops.blockwise import one_span_block, transient_bound
 
 N_KV = 2
 BLOCK = 64
@@ -87,7 +89,9 @@ def test_prefill_block_and_decode_step_stay_under_the_stated_bound(method: str, 
     prefill = attend_peak(cache, *tensors(n_q, CHUNK, d, seed=1))
     decode = attend_peak(cache, *tensors(n_q, 1, d, seed=2))
     whole_cache_fp16 = CONTEXT * N_KV * 2 * d * 2
-    prefill_bound = transient_bound(1, n_q, N_KV, CHUNK, d, d, BLOCK)
+    # dense slots (eviction) in one span over the cache and the chunk, packed forms BLOCK at a time
+    span = one_span_block(1, n_q, CHUNK, cache.size() + CHUNK, BLOCK) if method in EVICTION else BLOCK
+    prefill_bound = transient_bound(1, n_q, N_KV, CHUNK, d, d, span)
     decode_block = getattr(getattr(cache, "codec", None), "decode_block", None)  # Lloyd-Max: blocks
     decode_block = None if decode_block is None else min(decode_block, BLOCK)
     decode_bound = transient_bound(

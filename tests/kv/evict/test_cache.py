@@ -233,9 +233,10 @@ def test_weights_in_query_and_key_blocks_equal_one_block() -> None:
         return (probs * weight[:, None, None, qs:qe, None]).sum(axis=(2, 3))
 
     whole = attention.received(q, k, v, SCALE, "causal", reduce)
-    key_blocks = attention.received(q, k, v, SCALE, "causal", reduce, block=8)  # 7 key blocks
+    key_blocks = attention.received(q, k, v, SCALE, "causal", reduce, block=8, one_span=False)  # 7 key blocks
     query_blocks = attention.received(q, k, v, SCALE, "causal", reduce, block=1 << 19)  # 1 query a block
-    for got in (key_blocks, query_blocks):
+    one_span = attention.received(q, k, v, SCALE, "causal", reduce, block=8)  # dense keys: 1 span of 50
+    for got in (key_blocks, query_blocks, one_span):
         assert mx.allclose(whole[0], got[0], atol=1e-4) and mx.allclose(whole[1], got[1], atol=1e-4)
     reference = mx.fast.scaled_dot_product_attention(q, k, v, scale=SCALE, mask="causal")
     assert mx.allclose(whole[0], reference, atol=1e-4)

@@ -228,3 +228,24 @@ def test_tiny_model_next_tokens_agree_with_fp16(tiny_model, method):
 def test_head_dimensions_that_do_not_fill_words_are_refused():
     with pytest.raises(ValueError, match="head dimension 80 is not a multiple of 32"):
         TurboQuantMSECodec(KVCacheConfig("turboquant_mse"), LayerSpec(0, 1), 80, 80)
+
+
+@pytest.mark.parametrize("codebook", ["lloyd_max", "uniform"])
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("outliers", [0, 32])
+def test_dense_prefill_reads_equal_packed_reads(method, codebook, outliers):
+    """A prefill chunk multiplies a decoded key block densely (gains folded into the block; prod:
+    one matmul of [rotated | sketched] queries against [mse | sketch] rows); a decode step reads
+    the packed codes. Both give the same scores and weighted values."""
+    config = KVCacheConfig(method=method, bits=4, turboquant_codebook=codebook, turboquant_outlier_channels=outliers)
+    codec_type = TurboQuantMSECodec if method == "turboquant_mse" else TurboQuantProdCodec
+    codec = codec_type(config, LayerSpec(0, 2), 128, 128)
+    keys, values = (mx.random.normal((1, 2, 300, 128), key=mx.random.key(s)) for s in (1, 2))
+    store = codec.encode(keys, values)
+    queries = mx.random.normal((1, 8, 16, 128), key=mx.random.key(3))  # 4 per KV head x 16 rows: dense
+    dense, packed = codec.for_call(queries, 2), codec.for_call(queries[:, :, :1], 2)
+    assert dense.dense and not packed.dense
+    q = codec.rotate_queries(queries).reshape(1, 2, 4, 16, -1)  # [B, Hkv, R, L, D (+ sketch)]
+    assert kc.relative_error(dense.scores(q, store), packed.scores(q, store)) < 1e-5
+    p = mx.softmax(dense.scores(q, store), axis=-1)  # [B, Hkv, R, L, 300]
+    assert kc.relative_error(dense.weighted_values(p, store), packed.weighted_values(p, store)) < 1e-5

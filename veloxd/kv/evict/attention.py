@@ -17,7 +17,7 @@ from typing import Protocol, overload
 
 import mlx.core as mx
 
-from veloxd.kv.ops.blockwise import DEFAULT_BLOCK, MaskFn, blockwise_attention, per_kv_head
+from veloxd.kv.ops.blockwise import DEFAULT_BLOCK, MaskFn, blockwise_attention, one_span_block, per_kv_head
 
 WindowRule = Callable[[mx.array, mx.array], mx.array]
 
@@ -101,6 +101,16 @@ def _value_fn(values: Values) -> Callable[[mx.array, int, int], mx.array]:
     return weighted
 
 
+def key_block(queries: mx.array, keys: Keys, block: int, one_span: bool) -> int:
+    """Keys per attention block: dense slots (fp16 keys, a block is a view) in one span when the
+    score bound allows (veloxd.kv.ops.blockwise.one_span_block); packed slots `block` at a time,
+    which bounds their decoded copy."""
+    if one_span and isinstance(keys, mx.array):
+        B, n_q, L, _ = queries.shape
+        return one_span_block(B, n_q, L, keys.shape[2], block)
+    return block
+
+
 def attend(
     queries: mx.array,
     keys: Keys,
@@ -108,8 +118,11 @@ def attend(
     scale: float,
     mask: str | MaskFn | None,
     block: int = DEFAULT_BLOCK,
+    one_span: bool = True,
 ) -> mx.array:
-    """Attention [B, Hq, L, Dv] of queries [B, Hq, L, D] over slots keys/values [B, Hkv, S, D] (or packed)."""
+    """Attention [B, Hq, L, Dv] of queries [B, Hq, L, D] over slots keys/values [B, Hkv, S, D] (or packed).
+    `one_span`: see `key_block` (False: `block` keys at a time whatever the keys)."""
+    block = key_block(queries, keys, block, one_span)
     out = blockwise_attention(
         queries, scale, keys.shape[1], keys.shape[2], _score_fn(keys), _value_fn(values), mask, block=block
     )
@@ -127,6 +140,7 @@ def received(
     mask: str | MaskFn | None,
     reduce: Reduce,
     block: int = ...,
+    one_span: bool = ...,
 ) -> tuple[mx.array, mx.array]: ...
 @overload
 def received(
@@ -137,6 +151,7 @@ def received(
     mask: str | MaskFn | None,
     reduce: Reduce,
     block: int = ...,
+    one_span: bool = ...,
 ) -> tuple[None, mx.array]: ...
 def received(
     queries: mx.array,
@@ -146,11 +161,13 @@ def received(
     mask: str | MaskFn | None,
     reduce: Reduce,
     block: int = DEFAULT_BLOCK,
+    one_span: bool = True,
 ) -> tuple[mx.array | None, mx.array]:
     """(attention output or None without values, weight each slot received [..., S]).
 
     `reduce` turns one block's weights into the weight per key of that block; blocks of queries
-    are summed, blocks of keys concatenated. Nothing of size L x S is ever held.
+    are summed, blocks of keys concatenated. Nothing of size L x S is ever held. `one_span`: see
+    `key_block`.
     """
     per_block: dict[int, mx.array] = {}
 
@@ -160,6 +177,7 @@ def received(
         mx.eval(per_block[start])
 
     value_fn = None if values is None else _value_fn(values)
+    block = key_block(queries, keys, block, one_span)
     out = blockwise_attention(
         queries, scale, keys.shape[1], keys.shape[2], _score_fn(keys), value_fn, mask, block=block, collect=collect
     )

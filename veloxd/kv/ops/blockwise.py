@@ -60,6 +60,7 @@ class Overlay(Protocol):
 DEFAULT_BLOCK = 1024  # keys per block of a prefill chunk
 SCORE_ELEMENTS = 1 << 21  # float32 scores alive per block (8 MiB): bounds the query block
 PEAK_FACTOR = 6  # scores, their exp, a mask and casts: the temporaries one block step holds
+MIN_SPAN_ROWS = 32  # query rows per block under which one span over all dense keys stops paying
 META_FLOATS = 16  # per-token metadata floats a decode step may hold per KV head (see the module doc)
 
 
@@ -99,6 +100,18 @@ def key_block(L: int, length: int, block: int = DEFAULT_BLOCK, decode_block: int
 def query_block(batch: int, n_q_heads: int, L: int, block: int = DEFAULT_BLOCK) -> int:
     """Query rows per block so that batch * Hq * rows * block <= SCORE_ELEMENTS (at least 1)."""
     return max(1, min(L, SCORE_ELEMENTS // max(1, batch * n_q_heads * block)))
+
+
+def one_span_block(batch: int, n_q_heads: int, L: int, length: int, block: int = DEFAULT_BLOCK) -> int:
+    """Keys per block for keys held dense (a block is a view of them, never a decoded copy): all
+    `length` in one span when the score bound still lets MIN_SPAN_ROWS query rows (or all L)
+    through per block, else `block`. One span needs no online-softmax correction, and the
+    weights `collect` wants come from the same pass instead of a second pass over every block
+    (H2O's 512-token prefill chunk over 1,536 slots: 1.6x fp16's time in two spans, see
+    docs/results.md)."""
+    if query_block(batch, n_q_heads, L, max(1, length)) >= min(L, MIN_SPAN_ROWS):
+        return max(block, length)
+    return block
 
 
 def transient_bound(

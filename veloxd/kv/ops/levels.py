@@ -141,6 +141,13 @@ class LevelCodes:
             parts = [mx.pad(a, [(0, 0), (0, 0), (0, size - (stop - start)), (0, 0)]) for a in parts]
         return self.levels(parts, dtype)[:, :, : stop - start]  # [B, H, m, width]
 
+    def block_levels(self, arrays: list[mx.array], dtype: mx.Dtype) -> mx.array:
+        """Levels [B, H, n, width] of a whole key block (a prefill block's dense copy), decoded in
+        the fixed chunk shapes."""
+        n = arrays[0].shape[2]
+        parts = [self._chunk(arrays, start, stop, size, dtype) for start, stop, size in chunks(n)]
+        return parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=2)
+
     def dot(self, q: mx.array, arrays: list[mx.array]) -> mx.array:
         """q [B, H, R, L, width] · levels^T -> [B, H, R, L, n]."""
         B, H, R, L, _ = q.shape

@@ -79,6 +79,15 @@ class SignSketch:
 
         return per_kv_head(projected, inner)
 
+    def decoded(self, signs: mx.array, norms: mx.array, dtype: mx.Dtype) -> mx.array:
+        """A prefill key block's estimator rows [B, Hkv, n, m]: sqrt(pi/2)/m · ||x|| · sign(S x),
+        so that <S q, row> is `estimate`'s score (one block's dense copy)."""
+        shape = (*signs.shape[:-1], self.sketch_dim // self.group)  # [B, Hkv, n, groups]
+        scales = _broadcast_constant(2.0, shape, dtype)  # bit 1 -> +1, bit 0 -> -1
+        biases = _broadcast_constant(-1.0, shape, dtype)
+        unpacked = mx.dequantize(signs, scales, biases, group_size=self.group, bits=1)  # [B, Hkv, n, m]
+        return unpacked * (norms.astype(dtype) * self.factor)  # norms [B, Hkv, n, 1]
+
     def estimate(self, projected: mx.array, signs: mx.array, norms: mx.array, dense: bool) -> mx.array:
         """Unbiased q·x from the sketch: sqrt(pi/2)/m · ||x|| · <S q, sign(S x)>; norms [B, Hkv, n, 1]."""
         weight = norms[..., 0].astype(projected.dtype)[:, :, None, None, :] * self.factor  # [B, Hkv, 1, 1, n]

@@ -67,25 +67,41 @@ class Part:
         packed = self.lloyd.pack(codes) if self.lloyd else [bitpack.pack(codes, self.bits)]
         return dict(zip(self.fields, packed)), levels
 
-    def dot(self, q: mx.array, store: dict[str, mx.array]) -> mx.array:
+    def dot(self, q: mx.array, store: dict[str, mx.array], dense: bool) -> mx.array:
         """q [B, Hkv, R, L, d] · this range's levels -> [B, Hkv, R, L, n]."""
         q = q[..., self.start : self.stop]
         if self.lloyd:
             return self.lloyd.dot(q, [store[f] for f in self.fields])
-        return self._qmm(q, store[self.fields[0]], transpose=True)
+        return self._qmm(q, store[self.fields[0]], transpose=True, dense=dense)
 
-    def weighted(self, p: mx.array, store: dict[str, mx.array]) -> mx.array:
+    def weighted(self, p: mx.array, store: dict[str, mx.array], dense: bool) -> mx.array:
         """p [B, Hkv, R, L, n] @ this range's levels -> [B, Hkv, R, L, width]."""
         if self.lloyd:
             return self.lloyd.weighted(p, [store[f] for f in self.fields])
-        return self._qmm(p, store[self.fields[0]], transpose=False)
+        return self._qmm(p, store[self.fields[0]], transpose=False, dense=dense)
 
-    def _qmm(self, x: mx.array, packed: mx.array, transpose: bool) -> mx.array:
-        """Evenly spaced levels are affine in the code: scale = step, bias = lowest level (constants)."""
+    def levels(self, store: dict[str, mx.array], dtype: mx.Dtype) -> mx.array:
+        """This range's levels of a key block [B, Hkv, n, width] (a prefill block's dense copy)."""
+        if self.lloyd:
+            return self.lloyd.block_levels([store[f] for f in self.fields], dtype)
+        packed = store[self.fields[0]]
+        group = bitpack.native_group(self.width)
+        shape = (*packed.shape[:-1], self.width // group)  # [B, Hkv, n, groups]
+        scales = mx.broadcast_to(mx.array(self.book.step, dtype=dtype), shape)
+        biases = mx.broadcast_to(mx.array(float(self.book.levels[0]), dtype=dtype), shape)
+        return mx.dequantize(packed, scales, biases, group_size=group, bits=self.bits)
+
+    def _qmm(self, x: mx.array, packed: mx.array, transpose: bool, dense: bool) -> mx.array:
+        """Evenly spaced levels are affine in the code: scale = step, bias = lowest level (constants).
+        `dense` (a prefill chunk, veloxd.kv.quant.affine.reads_dense): this block's levels are
+        dequantized and multiplied densely (a GEMM through quantized_matmul is ~8x slower on CPU)."""
         group = bitpack.native_group(self.width)
         shape = (*packed.shape[:-1], self.width // group)  # [B, Hkv, n, groups]
         scales = mx.broadcast_to(mx.array(self.book.step, dtype=x.dtype), shape)
         biases = mx.broadcast_to(mx.array(float(self.book.levels[0]), dtype=x.dtype), shape)
+        if dense:
+            levels = mx.dequantize(packed, scales, biases, group_size=group, bits=self.bits)  # [B, Hkv, n, width]
+            return per_kv_head(x, lambda rows: rows @ (levels.swapaxes(-1, -2) if transpose else levels))
 
         def matmul(rows: mx.array) -> mx.array:
             return mx.quantized_matmul(
@@ -128,15 +144,30 @@ class RotatedQuantizer:
         stored[self.gain_field] = gains
         return stored, levels * gains.astype(x.dtype)
 
-    def scores(self, q: mx.array, store: dict[str, mx.array]) -> mx.array:
+    def scores(self, q: mx.array, store: dict[str, mx.array], dense: bool) -> mx.array:
         """q_rot [B, Hkv, R, L, d] -> gain_k · q_rot·levels_k: [B, Hkv, R, L, n]."""
-        total = sum(part.dot(q, store) for part in self.parts)
+        if dense:
+            block = self.decoded(store, q.dtype)  # [B, Hkv, n, d]
+            return per_kv_head(q, lambda rows: rows @ block.swapaxes(-1, -2))
+        dots = [part.dot(q, store, dense) for part in self.parts]
+        total = dots[0] if len(dots) == 1 else sum(dots[1:], dots[0])
         return total * self._gains(store, q.dtype)
 
-    def weighted(self, p: mx.array, store: dict[str, mx.array]) -> mx.array:
+    def weighted(self, p: mx.array, store: dict[str, mx.array], dense: bool) -> mx.array:
         """p [B, Hkv, R, L, n] -> sum_t p_t gain_t levels_t: [B, Hkv, R, L, d] (rotated frame)."""
+        if dense:
+            block = self.decoded(store, p.dtype)  # [B, Hkv, n, d]
+            return per_kv_head(p, lambda rows: rows @ block)
         scaled = p * self._gains(store, p.dtype)
-        return mx.concatenate([part.weighted(scaled, store) for part in self.parts], axis=-1)
+        return mx.concatenate([part.weighted(scaled, store, dense) for part in self.parts], axis=-1)
+
+    def decoded(self, store: dict[str, mx.array], dtype: mx.Dtype) -> mx.array:
+        """A prefill key block's vectors [B, Hkv, n, d], gains applied: scaling the block (n x d)
+        instead of the scores or weights (R x L x n per KV head) saves a pass over the largest
+        arrays of a dense prefill block."""
+        parts = [part.levels(store, dtype) for part in self.parts]
+        levels = parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=-1)  # [B, Hkv, n, d]
+        return levels * store[self.gain_field].astype(dtype)  # gains [B, Hkv, n, 1]
 
     def _gains(self, store: dict[str, mx.array], dtype: mx.Dtype) -> mx.array:
         return store[self.gain_field][..., 0].astype(dtype)[:, :, None, None, :]  # [B, Hkv, 1, 1, n]
@@ -175,6 +206,13 @@ class TurboQuantMSECodec(TokenCodec):
     def __deepcopy__(self, memo: dict) -> TurboQuantMSECodec:
         return self  # immutable after construction: copies of a cache share it
 
+    dense = False  # set per attention call on a copy (for_call), as in affine
+
+    def for_call(self, queries: mx.array, n_kv_heads: int) -> TurboQuantMSECodec:
+        call = copy.copy(self)  # shallow: shares rotations (and prod's sketch); only `dense` differs
+        call.dense = reads_dense(queries, n_kv_heads)
+        return call
+
     def encode(self, keys: mx.array, values: mx.array) -> dict[str, mx.array]:
         k_stored, _ = self.keys.encode(self.key_rotation.apply(keys.astype(mx.float32)))
         v_stored, _ = self.values.encode(self.value_rotation.apply(values.astype(mx.float32)))
@@ -190,10 +228,10 @@ class TurboQuantMSECodec(TokenCodec):
         return self.value_rotation.apply(values)  # `finish` rotates the whole output back
 
     def scores(self, q: mx.array, store: dict[str, mx.array]) -> mx.array:
-        return self.keys.scores(q, store)
+        return self.keys.scores(q, store, self.dense)
 
     def weighted_values(self, p: mx.array, store: dict[str, mx.array]) -> mx.array:
-        return self.values.weighted(p, store)
+        return self.values.weighted(p, store, self.dense)
 
     def finish(self, out: mx.array) -> mx.array:
         return self.value_rotation.invert(out)  # once per call: back from the values' rotated frame
@@ -225,23 +263,19 @@ class TurboQuantProdCodec(TurboQuantMSECodec):
         sketch = {"k_residual_signs": self.sketch.encode(residual), "k_residual_norms": r_norms}
         return {**k_stored, **sketch, **v_stored}
 
-    dense = False  # set per attention call on a copy (for_call), as in affine
-
-    def for_call(self, queries: mx.array, n_kv_heads: int) -> TurboQuantProdCodec:
-        call = copy.copy(self)  # shallow: shares rotations and sketch; only `dense` differs
-        call.dense = reads_dense(queries, n_kv_heads)
-        return call
-
     def rotate_queries(self, q: mx.array) -> mx.array:
         rotated = self.key_rotation.apply(q)
         return mx.concatenate([rotated, self.sketch.project(rotated)], axis=-1)  # [B, Hq, L, d + d]
 
     def scores(self, q: mx.array, store: dict[str, mx.array]) -> mx.array:
         d = self.k_dim
-        mse = self.keys.scores(q[..., :d], store)
         signs, norms = store["k_residual_signs"], store["k_residual_norms"]
-        correction = self.sketch.estimate(q[..., d:], signs, norms, self.dense)
-        return mse + correction
+        if self.dense:  # one matmul of q [rotated | sketched] against the block's [mse | sketch] rows
+            rows = [self.keys.decoded(store, q.dtype), self.sketch.decoded(signs, norms, q.dtype)]
+            block = mx.concatenate(rows, axis=-1)  # [B, Hkv, n, d + d]
+            return per_kv_head(q, lambda x: x @ block.swapaxes(-1, -2))
+        mse = self.keys.scores(q[..., :d], store, self.dense)
+        return mse + self.sketch.estimate(q[..., d:], signs, norms, self.dense)
 
     def bits_per_token(self) -> float:
         return super().bits_per_token() + self.k_dim + NORM_BITS
