@@ -82,6 +82,7 @@ class ReadyPayload(TypedDict, total=False):
     memory: dict[str, Any]  # loaded weight bytes, Metal's recommended working set: the gateway's admission
     limits: dict[str, Any]  # the effective per-request limits (context length resolved)
     load_s: float
+    warnings: list[str]  # what the loaded model tells about the method (e.g. qk-norm with sharp key codes)
 
 
 # Every process the daemon supervises (model workers, the dashboard sidecar) sends these; a model

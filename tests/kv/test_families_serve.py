@@ -1,6 +1,7 @@
 """`veloxd serve` on wrapper families: a SmolLM3-shaped and a Mistral-3-with-sliding-layers-shaped
 model directory (testkit.families, random weights) reach READY with a compressed cache and answer
-a completion; a Gemma-2-shaped one exits 2 before load with the true reason."""
+a completion; a Gemma-2-shaped one exits 2 before load with the true reason; a qk-norm family's
+READY warns about sharp key codes."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ def test_wrapper_family_reaches_ready_and_answers(tmp_path, family, layer_caches
         payload = worker.ready()
         assert payload["method"] == "affine"
         assert payload["layer_caches"] == layer_caches
+        assert payload["warnings"] == []  # no qk-norm, and affine keys
         body = {"prompt": "def fibonacci(n): return", "max_tokens": 6, "temperature": 0.0}
         status, reply = http_json(payload["endpoints"]["completions"], body)
         assert status == 200, reply
@@ -42,3 +44,14 @@ def test_gemma2_is_refused_before_load_for_soft_capping(tmp_path) -> None:
     assert "model type 'gemma2' applies attention logit soft-capping" in result.stderr
     assert "Serve it with method fp16" in result.stderr
     assert "fused kernel" not in result.stderr and "Traceback" not in result.stderr
+
+
+def test_ready_warns_when_a_qk_norm_model_gets_sharp_key_codes(tmp_path) -> None:
+    model = write_model_dir("qwen3", tmp_path / "qwen3")
+    worker = Worker("--model", str(model), "--method", "qjl", "--port", str(free_port()))
+    try:
+        (warning,) = worker.ready()["warnings"]
+        assert "model type 'qwen3' normalises queries and keys (qk-norm)" in warning
+        assert f"veloxd serve: warning: {warning}" in worker.stderr
+    finally:
+        assert worker.stop() == 0

@@ -72,3 +72,46 @@ def model_skeleton(config: dict[str, Any]) -> tuple[type, Any]:
         return model_class, model_class(args_class.from_dict(copy.deepcopy(config)))  # from_dict may edit nested dicts
     except Exception:
         return model_class, None
+
+
+# Norm layers a model applies to each head's queries and keys (qk-norm): qwen3, olmo2, gemma3,
+# llama4 (`use_qk_norm`), lfm2 (`*_layernorm`).
+QK_NORMS = (("q_norm", "k_norm"), ("q_layernorm", "k_layernorm"))
+# Key codes whose error the logit scale multiplies most (docs/models.md, "Why gemma3_text and
+# olmo2 lose more"): TurboQuant keys under 4 bits, and QJL's sign sketch at any width.
+SHARP_KEY_BITS = 4
+
+
+def normalises_queries_and_keys(model: Any) -> bool:
+    """Whether any attention module of the (loaded or skeleton) model normalises q and k per head."""
+    import mlx.nn as nn
+
+    for module in model.modules():
+        if getattr(module, "use_qk_norm", False) is True:
+            return True
+        if any(all(isinstance(getattr(module, n, None), nn.Module) for n in pair) for pair in QK_NORMS):
+            return True
+    return False
+
+
+def sharp_attention_warning(model: Any, kv: KVCacheConfig) -> str | None:
+    """A warning for READY when the method's key codes are the kind qk-norm families lose most with."""
+    if kv.method == "qjl":
+        setting = "its 1-bit key sketch"
+    elif kv.method in ("turboquant_mse", "turboquant_prod"):
+        key_bits = kv.turboquant_key_bits or kv.bit_width
+        if key_bits >= SHARP_KEY_BITS:
+            return None
+        setting = f"{key_bits}-bit keys"
+    else:
+        return None
+    if not normalises_queries_and_keys(model):
+        return None
+    from veloxd.kv.attention import model_type
+
+    return (
+        f"model type '{model_type(model)}' normalises queries and keys (qk-norm), which makes its attention "
+        f"sharp: {kv.method} with {setting} loses several times more on such models than on others "
+        f"(docs/models.md, 'Why gemma3_text and olmo2 lose more'); turboquant_key_bits: 4 or method "
+        f"affine hold up better"
+    )

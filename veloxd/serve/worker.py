@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from veloxd import protocol
+from veloxd.kv import KVCacheConfig
 from veloxd.protocol import ExitCode
 from veloxd.serve import figures, preflight
 from veloxd.serve.lifeline import Stopper
@@ -77,6 +78,7 @@ def ready_payload(
     limits: EffectiveLimits,
     load_s: float,
     memory: dict[str, Any] | None = None,
+    warnings: list[str] | None = None,
 ) -> protocol.ReadyPayload:
     info = options.info
     return {
@@ -99,7 +101,16 @@ def ready_payload(
         "kv_memory": wiring.kv_memory,
         "load_s": round(load_s, 3),
         "memory": memory or {},
+        "warnings": warnings or [],
     }
+
+
+def load_warnings(model: Any, kv: KVCacheConfig) -> list[str]:
+    """What the loaded model tells about the method that the options could not (READY's `warnings`)."""
+    from veloxd.kv.preflight import sharp_attention_warning
+
+    warning = sharp_attention_warning(model, kv)
+    return [] if warning is None else [warning]
 
 
 def watch_generation(generator: Any, stopper: Stopper) -> None:
@@ -170,8 +181,11 @@ def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
     def on_loaded(model: Any, tokenizer: Any) -> bool:
         with stop_on_wiring_failure(stopper, model_id, options.kv.method):
             wiring = wire_caches(model, options.kv, kept_figure(options))
+        warnings = load_warnings(model, options.kv)
+        for warning in warnings:
+            print(f"veloxd serve: warning: {warning}", file=sys.stderr, flush=True)
         payload = ready_payload(
-            options, model_id, wiring, provider.limits, time.monotonic() - started, memory_facts(model)
+            options, model_id, wiring, provider.limits, time.monotonic() - started, memory_facts(model), warnings
         )
         print(protocol.format_ready(payload), flush=True)
         return wiring.batchable
