@@ -98,10 +98,14 @@ CONTINUED += [pytest.param(m, fields, id=f"{m}-small") for m, fields in SMALL.it
 
 @pytest.mark.parametrize(("method", "fields"), CONTINUED)
 def test_the_probe_lengths_hold_what_fresh_prompts_hold(model, method: str, fields: dict[str, int]) -> None:
-    """measure() runs one cache through both probe lengths while no budget is within reach: exact
-    only if the bytes after a continuation equal those after a fresh prompt of that length."""
+    """measure() runs one cache through both probe lengths while no budget is within reach, and an
+    evicting one on past its budget: exact only if the bytes after a continuation equal those
+    after a fresh prompt of that length."""
     config = KVCacheConfig(method=method, **fields)
     footprint = measure(model, config)
     lengths = footprint.probe_lengths
     fresh = [filled_bytes(model, make_caches(model, config), n)[-1] for n in lengths]
     assert [round(footprint.at(n)["method"]) for n in lengths] == fresh
+    cap = footprint.cap_probe_tokens
+    if cap is not None:  # a prompt past the budget and one generated step, fresh
+        assert footprint.to_dict()["capped_bytes"] == filled_bytes(model, make_caches(model, config), cap, 1)[-1]

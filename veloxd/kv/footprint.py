@@ -167,21 +167,40 @@ def _layer_bytes(model: Any, caches: list[Any], n: int, generated: int = 0) -> l
     return [c.nbytes for c in caches]
 
 
-def _probe_bytes(model: Any, config: KVCacheConfig, lengths: tuple[int, int]) -> tuple[list[int], list[int]]:
-    """Each layer's bytes after prompts of the two lengths. While no eviction budget is reached, a
-    cache holds the same bytes after its first prompt and a continuation to the second length as
-    after a fresh prompt of that length (its stores grow by token count alone, and eviction has
-    nothing to drop; tests/kv/test_footprint.py checks it for every method), so one cache runs
-    both: a third less probing on a first start. A budget within reach: a fresh prompt per length."""
+def _probe_bytes(
+    model: Any, config: KVCacheConfig, lengths: tuple[int, int]
+) -> tuple[list[int], list[int], list[Any] | None]:
+    """Each layer's bytes after prompts of the two lengths, and the caches that ran them when one
+    set ran both (None: fresh prompts). While no eviction budget is reached, a cache holds the same
+    bytes after its first prompt and a continuation to the second length as after a fresh prompt
+    of that length (its stores grow by token count alone, and eviction has nothing to drop;
+    tests/kv/test_footprint.py checks it for every method), so one cache runs both: a third less
+    probing on a first start. A budget within reach: a fresh prompt per length."""
     caches = make_caches(model, config)
     if any(getattr(c, "budget", None) is not None and c.budget <= lengths[1] for c in caches):
         low, high = (_layer_bytes(model, make_caches(model, config), n) for n in lengths)
-        return low, high
+        return low, high, None
     tokens = _prompt(model, lengths[1])
     _run(model, caches, tokens[:, : lengths[0]])
     low = [c.nbytes for c in caches]
     _run(model, caches, tokens[:, lengths[0] :])
-    return low, [c.nbytes for c in caches]
+    return low, [c.nbytes for c in caches], caches
+
+
+def _capped_bytes(model: Any, config: KVCacheConfig, n: int, probed: tuple[list[Any], int] | None) -> list[int]:
+    """Each layer's bytes after a prompt of n tokens (past every budget) and one generated step.
+    `probed`: caches already holding the first m tokens of the same prompt (the probe lengths',
+    all under every budget) continue from there: an evicting layer's slots past its budget do not
+    depend on where earlier chunks ended (tests/kv/test_footprint.py checks the figure against a
+    fresh prompt for every method), and the probe's tokens are not run twice."""
+    if probed is None:
+        return _layer_bytes(model, make_caches(model, config), n, generated=1)
+    caches, m = probed
+    tokens = _prompt(model, n + 1)
+    _run(model, caches, tokens[:, m:n])
+    model(tokens[:, n:], cache=caches)
+    mx.eval([c.state for c in caches])
+    return [c.nbytes for c in caches]
 
 
 def _lines(low: list[int], high: list[int], lengths: tuple[int, int]) -> list[LayerLine]:
@@ -239,17 +258,19 @@ def measure(model: Any, config: KVCacheConfig) -> Footprint:
         fp16, fp16_lengths = _lines(low, high, PROBE_LENGTHS), PROBE_LENGTHS
     else:
         fp16 = derived
+    continued: tuple[list[Any], int] | None = None
     if config.method == "fp16" and derived is not None:  # the method is the reference: nothing to probe
         method, lengths, probed = list(derived), PROBE_LENGTHS, False
     else:
-        low, high = _probe_bytes(model, config, lengths)
+        low, high, caches = _probe_bytes(model, config, lengths)
         method, probed = _lines(low, high, lengths), True
+        continued = None if caches is None else (caches, lengths[1])
     limit = max_context(model)
     evicting = [b for b in budgets if b is not None and (limit is None or b < limit)]
     cap_tokens = None
     if evicting:  # past every budget that a context can reach: the capped bytes themselves
         cap_tokens = max(evicting) + 1
-        capped = _layer_bytes(model, make_caches(model, config), cap_tokens, generated=1)
+        capped = _capped_bytes(model, config, cap_tokens, continued)
         method = [
             LayerLine(line.fixed, line.per_token, b, float(c)) if b is not None and b in evicting else line
             for line, b, c in zip(method, budgets, capped)
