@@ -100,7 +100,8 @@ def test_huge_max_tokens_is_capped_to_the_limit(bounded: Worker) -> None:
     status, reply = http_json(f"{base}/completions", {"prompt": "hello", "max_tokens": 1_000_000_000})
     assert status == 200, reply
     assert reply["usage"]["completion_tokens"] == 6 and reply["choices"][0]["finish_reason"] == "length"
-    assert lines_with(bounded, "max_tokens_capped requested=1000000000 limit=6")
+    # the worker's stderr is read by a thread: the event may land just after the reply
+    wait_until(lambda: lines_with(bounded, "max_tokens_capped requested=1000000000 limit=6"), 60, what="the event")
 
 
 def test_prompt_longer_than_the_context_gets_400_naming_both_numbers(bounded: Worker) -> None:
@@ -112,8 +113,12 @@ def test_prompt_longer_than_the_context_gets_400_naming_both_numbers(bounded: Wo
     count = int(message.split()[2])
     assert count > CONTEXT and f"at most {CONTEXT}" in message, message
     assert reply["error"]["code"] == "context_length_exceeded"
-    refusal = lines_with(bounded, "request_refused reason=prompt_too_long")
-    assert refusal and f"prompt_tokens={count} max_prompt_tokens={CONTEXT}" in refusal[-1]
+    refusal = wait_until(
+        lambda: lines_with(bounded, f"request_refused reason=prompt_too_long prompt_tokens={count}"),
+        60,
+        what="the event",
+    )
+    assert f"prompt_tokens={count} max_prompt_tokens={CONTEXT}" in refusal[-1]
     assert not lines_with(bounded, f"Prompt processing progress: {count}")  # refused before any prefill
     status, reply = http_json(
         f"{base}/chat/completions", {"messages": [{"role": "user", "content": prompt}], "max_tokens": 1}
