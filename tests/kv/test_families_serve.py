@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from testkit.families import write_model_dir
-from tests.support import Worker, free_port, http_json, run_veloxd
+from tests.support import Worker, free_port, http_json, run_veloxd, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -52,6 +52,7 @@ def test_ready_warns_when_a_qk_norm_model_gets_sharp_key_codes(tmp_path) -> None
     try:
         (warning,) = worker.ready()["warnings"]
         assert "model type 'qwen3' normalises queries and keys (qk-norm)" in warning
-        assert f"veloxd serve: warning: {warning}" in worker.stderr
+        # stderr is drained by its own thread: the line may land after READY's stdout line
+        wait_until(lambda: f"veloxd serve: warning: {warning}" in worker.stderr, 60, what="the stderr warning")
     finally:
         assert worker.stop() == 0
