@@ -67,41 +67,40 @@ class Part:
         packed = self.lloyd.pack(codes) if self.lloyd else [bitpack.pack(codes, self.bits)]
         return dict(zip(self.fields, packed)), levels
 
-    def dot(self, q: mx.array, store: dict[str, mx.array], dense: bool) -> mx.array:
-        """q [B, Hkv, R, L, d] · this range's levels -> [B, Hkv, R, L, n]."""
+    def dot(self, q: mx.array, store: dict[str, mx.array]) -> mx.array:
+        """q [B, Hkv, R, L, d] · this range's levels -> [B, Hkv, R, L, n], read from the codes."""
         q = q[..., self.start : self.stop]
         if self.lloyd:
             return self.lloyd.dot(q, [store[f] for f in self.fields])
-        return self._qmm(q, store[self.fields[0]], transpose=True, dense=dense)
+        return self._qmm(q, store[self.fields[0]], transpose=True)
 
-    def weighted(self, p: mx.array, store: dict[str, mx.array], dense: bool) -> mx.array:
-        """p [B, Hkv, R, L, n] @ this range's levels -> [B, Hkv, R, L, width]."""
+    def weighted(self, p: mx.array, store: dict[str, mx.array]) -> mx.array:
+        """p [B, Hkv, R, L, n] @ this range's levels -> [B, Hkv, R, L, width], read from the codes."""
         if self.lloyd:
             return self.lloyd.weighted(p, [store[f] for f in self.fields])
-        return self._qmm(p, store[self.fields[0]], transpose=False, dense=dense)
+        return self._qmm(p, store[self.fields[0]], transpose=False)
 
     def levels(self, store: dict[str, mx.array], dtype: mx.Dtype) -> mx.array:
         """This range's levels of a key block [B, Hkv, n, width] (a prefill block's dense copy)."""
         if self.lloyd:
             return self.lloyd.block_levels([store[f] for f in self.fields], dtype)
         packed = store[self.fields[0]]
+        scales, biases, group = self._affine_form(packed, dtype)
+        return mx.dequantize(packed, scales, biases, group_size=group, bits=self.bits)  # [B, Hkv, n, width]
+
+    def _affine_form(self, packed: mx.array, dtype: mx.Dtype) -> tuple[mx.array, mx.array, int]:
+        """Evenly spaced levels are affine in the code: (scales = step, biases = lowest level, group
+        size), constants broadcast over the packed [B, Hkv, n, words] codes."""
         group = bitpack.native_group(self.width)
         shape = (*packed.shape[:-1], self.width // group)  # [B, Hkv, n, groups]
         scales = mx.broadcast_to(mx.array(self.book.step, dtype=dtype), shape)
         biases = mx.broadcast_to(mx.array(float(self.book.levels[0]), dtype=dtype), shape)
-        return mx.dequantize(packed, scales, biases, group_size=group, bits=self.bits)
+        return scales, biases, group
 
-    def _qmm(self, x: mx.array, packed: mx.array, transpose: bool, dense: bool) -> mx.array:
-        """Evenly spaced levels are affine in the code: scale = step, bias = lowest level (constants).
-        `dense` (a prefill chunk, veloxd.kv.quant.affine.reads_dense): this block's levels are
-        dequantized and multiplied densely (a GEMM through quantized_matmul is ~8x slower on CPU)."""
-        group = bitpack.native_group(self.width)
-        shape = (*packed.shape[:-1], self.width // group)  # [B, Hkv, n, groups]
-        scales = mx.broadcast_to(mx.array(self.book.step, dtype=x.dtype), shape)
-        biases = mx.broadcast_to(mx.array(float(self.book.levels[0]), dtype=x.dtype), shape)
-        if dense:
-            levels = mx.dequantize(packed, scales, biases, group_size=group, bits=self.bits)  # [B, Hkv, n, width]
-            return per_kv_head(x, lambda rows: rows @ (levels.swapaxes(-1, -2) if transpose else levels))
+    def _qmm(self, x: mx.array, packed: mx.array, transpose: bool) -> mx.array:
+        """x times this range's uniform levels, read packed (a prefill block is dequantized instead:
+        RotatedQuantizer.decoded, as a GEMM through quantized_matmul is ~8x slower on CPU)."""
+        scales, biases, group = self._affine_form(packed, x.dtype)
 
         def matmul(rows: mx.array) -> mx.array:
             return mx.quantized_matmul(
@@ -149,7 +148,7 @@ class RotatedQuantizer:
         if dense:
             block = self.decoded(store, q.dtype)  # [B, Hkv, n, d]
             return per_kv_head(q, lambda rows: rows @ block.swapaxes(-1, -2))
-        dots = [part.dot(q, store, dense) for part in self.parts]
+        dots = [part.dot(q, store) for part in self.parts]
         total = dots[0] if len(dots) == 1 else sum(dots[1:], dots[0])
         return total * self._gains(store, q.dtype)
 
@@ -159,7 +158,7 @@ class RotatedQuantizer:
             block = self.decoded(store, p.dtype)  # [B, Hkv, n, d]
             return per_kv_head(p, lambda rows: rows @ block)
         scaled = p * self._gains(store, p.dtype)
-        return mx.concatenate([part.weighted(scaled, store, dense) for part in self.parts], axis=-1)
+        return mx.concatenate([part.weighted(scaled, store) for part in self.parts], axis=-1)
 
     def decoded(self, store: dict[str, mx.array], dtype: mx.Dtype) -> mx.array:
         """A prefill key block's vectors [B, Hkv, n, d], gains applied: scaling the block (n x d)
