@@ -8,7 +8,8 @@ rule `install` applies at load, `veloxd.kv.attention.refusal_reason`, so a wrapp
 smollm3 or mistral3 is judged by the llama or ministral3 modules it builds), and which layers
 its own `make_cache` gives plain caches. Head dimensions the method's group sizes or word
 packing do not divide are refused by the cache class's own `check_head_dims`, the same rule the
-cache applies when built.
+cache applies when built. After the load, `sharp_attention_warning` reads the same module tree for
+READY's warnings (qk-norm models with key codes they lose most with).
 """
 
 from __future__ import annotations

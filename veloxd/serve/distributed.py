@@ -39,7 +39,14 @@ from veloxd.serve.mlx_compat import (
 )
 from veloxd.serve.options import ServeOptions
 from veloxd.serve.wiring import Wiring, wire_caches
-from veloxd.serve.worker import bind_server, mlx_server_args, ready_payload, stop_on_wiring_failure, watch_generation
+from veloxd.serve.worker import (
+    bind_server,
+    load_warnings,
+    mlx_server_args,
+    ready_payload,
+    stop_on_wiring_failure,
+    watch_generation,
+)
 
 FIGURES = ("pid", "kv_method", "kv_fp16", "layer_caches", "load_s")
 
@@ -202,6 +209,9 @@ def serve_rank(options: ServeOptions, stopper: Stopper | None = None) -> int:
             provider.doorbell = ring_doorbell(group)
         if rank == 0:
             payload = group_payload(options, model_id, wiring, provider.limits, time.monotonic() - started, ranks)
+            payload["warnings"] = load_warnings(model, options.kv)  # as a single worker's READY
+            for warning in payload["warnings"]:
+                print(f"veloxd serve: warning: {warning}", file=sys.stderr, flush=True)
             payload["distributed"]["idle"] = "doorbell" if provider.doorbell is not None else "polling"
             print(protocol.format_ready(payload), flush=True)
         return wiring.batchable

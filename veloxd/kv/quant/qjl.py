@@ -63,30 +63,34 @@ class SignSketch:
         positive = (x.astype(mx.float32) @ self.matrix.T) > 0  # [..., m]
         return bitpack.pack(positive, 1)
 
+    def _affine_form(self, signs: mx.array, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
+        """Packed signs as 1-bit affine groups: (scales 2, biases -1), bit 1 -> +1, bit 0 -> -1."""
+        shape = (*signs.shape[:-1], self.sketch_dim // self.group)  # [B, Hkv, n, groups]
+        return _broadcast_constant(2.0, shape, dtype), _broadcast_constant(-1.0, shape, dtype)
+
+    def unpacked(self, signs: mx.array, dtype: mx.Dtype) -> mx.array:
+        """±1 [B, Hkv, n, m] of one block's packed signs (native dequantize; one block's copy)."""
+        scales, biases = self._affine_form(signs, dtype)
+        return mx.dequantize(signs, scales, biases, group_size=self.group, bits=1)
+
     def inner(self, projected: mx.array, signs: mx.array, dense: bool) -> mx.array:
         """<S q, sign(S x)>: projected [B, Hkv, R, L, m], signs [B, Hkv, n, m/32] -> [B, Hkv, R, L, n]."""
-        shape = (*signs.shape[:-1], self.sketch_dim // self.group)  # [B, Hkv, n, groups]
-        scales = _broadcast_constant(2.0, shape, projected.dtype)  # bit 1 -> +1, bit 0 -> -1
-        biases = _broadcast_constant(-1.0, shape, projected.dtype)
-
-        def inner(rows: mx.array) -> mx.array:
-            if not dense:  # a few rows in the call: read the packed signs directly
-                return mx.quantized_matmul(rows, signs, scales, biases, transpose=True, group_size=self.group, bits=1)
+        if dense:
             # many rows: MLX's 1-bit quantized_matmul is ~50x slower on CPU than unpacking this
-            # block's signs (native dequantize) and one dense matmul; the copy is one block's
-            unpacked = mx.dequantize(signs, scales, biases, group_size=self.group, bits=1)  # [B, Hkv, n, m]
-            return rows @ unpacked.swapaxes(-1, -2)
+            # block's signs and one dense matmul
+            block = self.unpacked(signs, projected.dtype)  # [B, Hkv, n, m]
+            return per_kv_head(projected, lambda rows: rows @ block.swapaxes(-1, -2))
+        scales, biases = self._affine_form(signs, projected.dtype)  # a few rows: read the packed signs
 
-        return per_kv_head(projected, inner)
+        def packed(rows: mx.array) -> mx.array:
+            return mx.quantized_matmul(rows, signs, scales, biases, transpose=True, group_size=self.group, bits=1)
+
+        return per_kv_head(projected, packed)
 
     def decoded(self, signs: mx.array, norms: mx.array, dtype: mx.Dtype) -> mx.array:
         """A prefill key block's estimator rows [B, Hkv, n, m]: sqrt(pi/2)/m · ||x|| · sign(S x),
         so that <S q, row> is `estimate`'s score (one block's dense copy)."""
-        shape = (*signs.shape[:-1], self.sketch_dim // self.group)  # [B, Hkv, n, groups]
-        scales = _broadcast_constant(2.0, shape, dtype)  # bit 1 -> +1, bit 0 -> -1
-        biases = _broadcast_constant(-1.0, shape, dtype)
-        unpacked = mx.dequantize(signs, scales, biases, group_size=self.group, bits=1)  # [B, Hkv, n, m]
-        return unpacked * (norms.astype(dtype) * self.factor)  # norms [B, Hkv, n, 1]
+        return self.unpacked(signs, dtype) * (norms.astype(dtype) * self.factor)  # norms [B, Hkv, n, 1]
 
     def estimate(self, projected: mx.array, signs: mx.array, norms: mx.array, dense: bool) -> mx.array:
         """Unbiased q·x from the sketch: sqrt(pi/2)/m · ||x|| · <S q, sign(S x)>; norms [B, Hkv, n, 1]."""
