@@ -9,6 +9,7 @@ from typing import Any
 import mlx.core as mx
 import pytest
 
+from testkit import families
 from veloxd.kv import KVCacheConfig, make_caches, registry
 from veloxd.kv.factory import native_caches
 from veloxd.kv.footprint import measure
@@ -41,7 +42,7 @@ def real_fp16(model) -> dict[int, int]:
 def filled_bytes(model: Any, caches: list[Any], n: int, generated: int = 0) -> list[int]:
     """Bytes held after a prompt of n - 1 tokens (chunks of 512) and its last token as a decode
     step, then after each of `generated` further decode steps."""
-    vocab = model.args.vocab_size
+    vocab = getattr(model.args, "vocab_size", 256)  # wrappers keep it in their text config
     tokens = (mx.arange(n + generated) * 31 % vocab)[None]
     for start in range(0, n - 1, 512):
         model(tokens[:, start : min(start + 512, n - 1)], cache=caches)
@@ -68,6 +69,9 @@ def test_derived_totals_match_caches_filled_to_those_lengths(
     assert figure["max_context"] == model.args.max_position_embeddings
     assert set(figure["at"]) == {"4096", "32768", str(model.args.max_position_embeddings)}
     assert figure["source"] == "measured" and "measured" in figure["how"] and "derived" in figure["how"]
+    # every layer's own cache is a KVCache: probes run the caches on random keys, not the weights,
+    # and the figures below are checked against caches the model really filled
+    assert footprint.synthetic and "no weights run" in figure["how"]
     evicting = registry.get(method).evicts
     for n in LENGTHS:
         derived = footprint.at(n)
@@ -109,3 +113,16 @@ def test_the_probe_lengths_hold_what_fresh_prompts_hold(model, method: str, fiel
     cap = footprint.cap_probe_tokens
     if cap is not None:  # a prompt past the budget and one generated step, fresh
         assert footprint.to_dict()["capped_bytes"] == filled_bytes(model, make_caches(model, config), cap, 1)[-1]
+
+
+@pytest.mark.parametrize(("family", "synthetic"), [("smollm3", True), ("qwen2", True), ("mistral3", False)])
+def test_probes_skip_the_weights_only_where_every_layer_holds_a_kvcache(family: str, synthetic: bool) -> None:
+    """A wrapper of KVCache layers is probed on random keys; a model with sliding-window layers
+    (rotating caches, whose bytes follow their own rules) runs its weights. Either way the probe
+    holds what a real prompt leaves."""
+    model = families.build(family)
+    config = KVCacheConfig(method="affine")
+    footprint = measure(model, config)
+    assert footprint.synthetic is synthetic
+    fresh = [filled_bytes(model, make_caches(model, config), n)[-1] for n in footprint.probe_lengths]
+    assert [round(footprint.at(n)["method"]) for n in footprint.probe_lengths] == fresh

@@ -19,6 +19,10 @@ as in mlx_lm, so SnapKV has compressed and released its query stash):
   generated token, when a decode step has grown its buffer to the most slots it ever holds): each
   evicting layer's capped bytes, measured, not extrapolated from a line.
 
+Probes feed random keys and values of the model's own shapes through each layer's cache and its
+attention, not the model's weights, when the model allows it (`veloxd.kv.probe`): bytes depend on
+token counts, not values.
+
 `Footprint.at(n)` derives the totals at n tokens: each layer's line, and each evicting layer's
 measured capped bytes from its budget on. Everything reported is labelled measured or derived:
 nothing is computed from bit widths.
@@ -29,15 +33,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
+from veloxd.kv import probe
+from veloxd.kv.base import VeloxCache
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.factory import make_caches, native_caches
+from veloxd.kv.probe import Feeder, Forward, LayerShape, Synthetic
 
 PROBE_STEP = 256  # capacity step of the packed stores and of mlx_lm's KVCache
 PROBE_LENGTHS = (256, 512)
-PROMPT_CHUNK = 512  # probe prompts run in chunks, as mlx_lm prefills (smaller than its 2048)
 REPORT_LENGTHS = (4096, 32768)
 
 
@@ -67,6 +72,7 @@ class Footprint:
     fp16_probe_lengths: tuple[int, int] | None = PROBE_LENGTHS  # None: derived from shapes (`fp16_lines`)
     cap_probe_tokens: int | None = None
     method_probed: bool = True  # False: the method is fp16 and shares the derived reference
+    synthetic: bool = False  # probes fed random keys and values of the model's shapes (veloxd.kv.probe)
 
     def at(self, n: int) -> dict[str, Any]:
         method = round(sum(line.at(n) for line in self.method))
@@ -90,6 +96,8 @@ class Footprint:
                 "fixed_bytes, bytes_per_token: measured (nbytes of every layer cache after probe prompts of "
                 f"{low} and {high} tokens; fp16: {fp16})"
             )
+        if self.synthetic:
+            how += "; probes fed random keys, values and queries of the model's shapes, no weights run"
         if self.cap_probe_tokens is not None:
             how += (
                 f"; capped_bytes: measured (evicting layers after a {self.cap_probe_tokens}-token prompt "
@@ -142,33 +150,16 @@ def probe_lengths(caches: list[Any]) -> tuple[int, int]:
     return low, high
 
 
-def _prompt(model: Any, n: int) -> mx.array:
-    vocab = int(getattr(getattr(model, "args", None), "vocab_size", 0) or 256)
-    return (mx.arange(n) * 7919 % vocab)[None]  # [1, n] a fixed, varied prompt
-
-
-def _run(model: Any, caches: list[Any], tokens: mx.array) -> None:
-    """As mlx_lm runs a prompt: all but its last token in chunks, then the last one as a one-token step."""
-    n = tokens.shape[1]
-    for start in range(0, n - 1, PROMPT_CHUNK):
-        model(tokens[:, start : min(start + PROMPT_CHUNK, n - 1)], cache=caches)
-        mx.eval([c.state for c in caches])
-    model(tokens[:, n - 1 :], cache=caches)
-    mx.eval([c.state for c in caches])
-
-
-def _layer_bytes(model: Any, caches: list[Any], n: int, generated: int = 0) -> list[int]:
+def _layer_bytes(feeder: Feeder, caches: list[Any], n: int, generated: int = 0) -> list[int]:
     """Each layer's nbytes after a prompt of n tokens and `generated` further one-token steps."""
-    tokens = _prompt(model, n + generated)
-    _run(model, caches, tokens[:, :n])
+    probe.run(feeder, caches, 0, n)
     for i in range(n, n + generated):
-        model(tokens[:, i : i + 1], cache=caches)
-        mx.eval([c.state for c in caches])
+        probe.step(feeder, caches, i)
     return [c.nbytes for c in caches]
 
 
 def _probe_bytes(
-    model: Any, config: KVCacheConfig, lengths: tuple[int, int]
+    model: Any, feeder: Feeder, config: KVCacheConfig, lengths: tuple[int, int]
 ) -> tuple[list[int], list[int], list[Any] | None]:
     """Each layer's bytes after prompts of the two lengths, and the caches that ran them when one
     set ran both (None: fresh prompts). While no eviction budget is reached, a cache holds the same
@@ -178,28 +169,27 @@ def _probe_bytes(
     probing on a first start. A budget within reach: a fresh prompt per length."""
     caches = make_caches(model, config)
     if any(getattr(c, "budget", None) is not None and c.budget <= lengths[1] for c in caches):
-        low, high = (_layer_bytes(model, make_caches(model, config), n) for n in lengths)
+        low, high = (_layer_bytes(feeder, make_caches(model, config), n) for n in lengths)
         return low, high, None
-    tokens = _prompt(model, lengths[1])
-    _run(model, caches, tokens[:, : lengths[0]])
+    probe.run(feeder, caches, 0, lengths[0])
     low = [c.nbytes for c in caches]
-    _run(model, caches, tokens[:, lengths[0] :])
+    probe.run(feeder, caches, lengths[0], lengths[1])
     return low, [c.nbytes for c in caches], caches
 
 
-def _capped_bytes(model: Any, config: KVCacheConfig, n: int, probed: tuple[list[Any], int] | None) -> list[int]:
+def _capped_bytes(
+    model: Any, feeder: Feeder, config: KVCacheConfig, n: int, probed: tuple[list[Any], int] | None
+) -> list[int]:
     """Each layer's bytes after a prompt of n tokens (past every budget) and one generated step.
     `probed`: caches already holding the first m tokens of the same prompt (the probe lengths',
     all under every budget) continue from there: an evicting layer's slots past its budget do not
     depend on where earlier chunks ended (tests/kv/test_footprint.py checks the figure against a
     fresh prompt for every method), and the probe's tokens are not run twice."""
     if probed is None:
-        return _layer_bytes(model, make_caches(model, config), n, generated=1)
+        return _layer_bytes(feeder, make_caches(model, config), n, generated=1)
     caches, m = probed
-    tokens = _prompt(model, n + 1)
-    _run(model, caches, tokens[:, m:n])
-    model(tokens[:, n:], cache=caches)
-    mx.eval([c.state for c in caches])
+    probe.run(feeder, caches, m, n)
+    probe.step(feeder, caches, n)
     return [c.nbytes for c in caches]
 
 
@@ -221,23 +211,31 @@ def max_context(model: Any) -> int | None:
     return None
 
 
-def fp16_lines(model: Any) -> list[LayerLine] | None:
-    """Each layer's fp16 (KVCache) line from the model's key/value shapes, read after one token
-    step: per token (kv_heads * head_dim of keys + of values) * dtype bytes, no fixed bytes (it is
-    exact at every multiple of PROBE_STEP; `kvcache_bytes` gives the exact figure at any length).
-    None when the model's own caches are not all KVCache: their bytes follow other rules."""
+def kv_shapes(model: Any) -> list[LayerShape] | None:
+    """Each layer's key/value shapes, read from the model's own caches after one token step; None
+    when they are not all mlx_lm's KVCache (sliding windows, state-space layers)."""
     caches = native_caches(model)
     if not caches or any(type(c) is not KVCache for c in caches):
         return None
-    model(_prompt(model, 1), cache=caches)
-    mx.eval([c.state for c in caches])
-    lines = []
+    probe.step(Forward(model), caches, 0)
+    shapes = []
     for c in caches:
         _, k_heads, _, k_dim = c.keys.shape  # [B, kv_heads, allocated, head_dim]
         _, v_heads, _, v_dim = c.values.shape
-        per_token = k_heads * k_dim * c.keys.dtype.size + v_heads * v_dim * c.values.dtype.size
-        lines.append(LayerLine(fixed=0.0, per_token=float(per_token)))
-    return lines
+        shapes.append(LayerShape(k_heads, k_dim, v_heads, v_dim, c.keys.dtype))
+    return shapes
+
+
+def fp16_lines(model: Any, shapes: list[LayerShape] | None = None) -> list[LayerLine] | None:
+    """Each layer's fp16 (KVCache) line from the model's key/value shapes: per token (kv_heads *
+    head_dim of keys + of values) * dtype bytes, no fixed bytes (it is exact at every multiple of
+    PROBE_STEP; `kvcache_bytes` gives the exact figure at any length). None when the model's own
+    caches are not all KVCache: their bytes follow other rules."""
+    shapes = kv_shapes(model) if shapes is None else shapes
+    if shapes is None:
+        return None
+    per_token = [(s.k_heads * s.k_dim + s.v_heads * s.v_dim) * s.dtype.size for s in shapes]
+    return [LayerLine(fixed=0.0, per_token=float(n)) for n in per_token]
 
 
 def kvcache_bytes(lines: list[LayerLine], n: int) -> int:
@@ -246,23 +244,33 @@ def kvcache_bytes(lines: list[LayerLine], n: int) -> int:
     return round(sum(line.per_token for line in lines) * allocated)
 
 
+def feeder_for(model: Any, caches: list[Any], shapes: list[LayerShape] | None) -> Feeder:
+    """Synthetic keys and values where the shapes say everything a probe needs, else the model."""
+    q_heads = None if shapes is None else probe.query_heads(model, shapes)
+    if shapes is None or q_heads is None or not all(isinstance(c, VeloxCache) for c in caches):
+        return Forward(model)
+    return Synthetic(shapes, q_heads)
+
+
 def measure(model: Any, config: KVCacheConfig) -> Footprint:
     """Probe `model` with `config`'s caches; the fp16 reference from its shapes (see the module doc)."""
-    probe = make_caches(model, config)
-    lengths = probe_lengths(probe)
-    budgets: list[int | None] = [getattr(c, "budget", None) for c in probe]
-    derived = fp16_lines(model)
+    first = make_caches(model, config)
+    lengths = probe_lengths(first)
+    budgets: list[int | None] = [getattr(c, "budget", None) for c in first]
+    shapes = kv_shapes(model)
+    derived = fp16_lines(model, shapes)
     fp16_lengths: tuple[int, int] | None = None
     if derived is None:
-        low, high = (_layer_bytes(model, native_caches(model), n) for n in PROBE_LENGTHS)
+        low, high = (_layer_bytes(Forward(model), native_caches(model), n) for n in PROBE_LENGTHS)
         fp16, fp16_lengths = _lines(low, high, PROBE_LENGTHS), PROBE_LENGTHS
     else:
         fp16 = derived
+    feeder = feeder_for(model, first, shapes)
     continued: tuple[list[Any], int] | None = None
     if config.method == "fp16" and derived is not None:  # the method is the reference: nothing to probe
         method, lengths, probed = list(derived), PROBE_LENGTHS, False
     else:
-        low, high, caches = _probe_bytes(model, config, lengths)
+        low, high, caches = _probe_bytes(model, feeder, config, lengths)
         method, probed = _lines(low, high, lengths), True
         continued = None if caches is None else (caches, lengths[1])
     limit = max_context(model)
@@ -270,7 +278,7 @@ def measure(model: Any, config: KVCacheConfig) -> Footprint:
     cap_tokens = None
     if evicting:  # past every budget that a context can reach: the capped bytes themselves
         cap_tokens = max(evicting) + 1
-        capped = _capped_bytes(model, config, cap_tokens, continued)
+        capped = _capped_bytes(model, feeder, config, cap_tokens, continued)
         method = [
             LayerLine(line.fixed, line.per_token, b, float(c)) if b is not None and b in evicting else line
             for line, b, c in zip(method, budgets, capped)
@@ -283,4 +291,5 @@ def measure(model: Any, config: KVCacheConfig) -> Footprint:
         fp16_probe_lengths=fp16_lengths,
         cap_probe_tokens=cap_tokens,
         method_probed=probed,
+        synthetic=isinstance(feeder, Synthetic),
     )

@@ -2,8 +2,8 @@
 
 Every rank loads its shard through mlx_lm (`sharded_load`: tensor parallel splits every layer's
 heads, pipeline gives each rank a run of layers), wires veloxd's caches on its own attention
-layers and measures them with the same probe prefill (the prefill's collectives run in lockstep
-on every rank). The ranks then pool their figures with one `all_sum`, so READY comes from
+layers and measures them with the same probes (the one token step that reads the key/value
+shapes runs its collectives in lockstep on every rank; veloxd.kv.probe). The ranks then pool their figures with one `all_sum`, so READY comes from
 rank 0 only after every rank is loaded and wired, carrying each rank's measured KV bytes.
 Rank 0 serves HTTP; the others run mlx_lm's generation loop, which takes every request, batch
 decision and cache removal from rank 0 (`ResponseGenerator._share_request`/`_share_object`).

@@ -29,7 +29,7 @@ from typing import Any
 
 from veloxd import __version__, protocol
 
-FIGURES_VERSION = 1  # bump when the figure's layout or the way it is measured changes
+FIGURES_VERSION = 2  # bump when the figure's layout or the way it is measured changes
 SUBDIR = "kv-figures"
 MAX_FILES = 10_000  # a model directory is a handful of files; past this, no identity (always measure)
 log = logging.getLogger("veloxd.serve.figures")
