@@ -104,11 +104,19 @@ def quantizer_arms(quick: bool) -> list[Arm]:
             arms.append(
                 Arm("affine-rot-4-w0", "affine", "quantization", 4, {"affine_rotate": True, "recent_window": 0})
             )
+            # one scale and bias per 128-element vector, 16 exact tokens: under mlx-q4's footprint at d 128
+            one_group = {"affine_rotate": True, "affine_group_size": 128, "recent_window": 16}
+            arms.append(Arm("affine-rot-4-g128-w16", "affine", "quantization", 4, one_group))
         if info.name == "turboquant_mse" and not quick:
             # mixed widths: keys weigh more in the scores (4-bit keys, 3-bit values), window sizes
             for window, suffix in ((32, ""), (16, "-w16"), (0, "-w0")):
                 settings = {"turboquant_key_bits": 4, "recent_window": window}
                 arms.append(Arm(f"turboquant_mse-3-k4{suffix}", info.name, "quantization", 3, settings))
+            # under mlx-q3's footprint with 16 exact tokens: 3 bits on both, or 4-bit keys and 2-bit values
+            arms.append(Arm("turboquant_mse-3-w16", info.name, "quantization", 3, {"recent_window": 16}))
+            narrow_values = {"turboquant_key_bits": 4, "recent_window": 16}
+            arms.append(Arm("turboquant_mse-2-k4-w16", info.name, "quantization", 2, narrow_values))
+            arms.append(Arm("turboquant_mse-4-w16", info.name, "quantization", 4, {"recent_window": 16}))
     return arms
 
 

@@ -38,11 +38,14 @@ QUANTIZERS = (
     "kivi-4",
     "turboquant_mse-3",
     "turboquant_mse-3-k4-w16",
+    "turboquant_mse-4-w16",
+    "turboquant_mse-2-k4-w16",
     "qjl-4",
 )
-AT_4K = ("fp16", "mlx-q3", "mlx-q4", "affine-4", "turboquant_mse-3", "turboquant_mse-3-k4-w16")
+# the settings docs/caches.md gives at mlx_lm's 4-bit and 3-bit footprints, with their peers
+AT_4K = ("fp16", "mlx-q3", "mlx-q4", "affine-4", "turboquant_mse-3-k4-w16", "turboquant_mse-2-k4-w16")
 ARMS = {1024: QUANTIZERS + ("affine-2", "kivi-2", "snapkv-256", "streaming_llm-256"), 4096: AT_4K}
-QUICK_ARMS = {1024: ("fp16", "mlx-q3", "mlx-q4", "affine-4", "kivi-4", "turboquant_mse-3-k4-w16")}
+QUICK_ARMS = {1024: ("fp16", "mlx-q3", "mlx-q4", "affine-4", "turboquant_mse-3-k4-w16", "turboquant_mse-2-k4-w16")}
 DOCS = {1024: 1, 4096: 1}  # a 1k prefill of this model: ~45 s of CPU (OpenBLAS, float32)
 DECODE = 24  # teacher-forced steps per document
 PASSKEY = {"length": 1024, "depths": (0.1, 0.5, 0.9), "keys": 1}

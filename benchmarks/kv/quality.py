@@ -61,6 +61,8 @@ class Plan:
             "turboquant_mse-3-k4",
             "turboquant_mse-3-k4-w16",
             "turboquant_mse-3-k4-w0",
+            "turboquant_mse-4-w16",  # the settings docs/caches.md gives for mlx_lm's footprints
+            "turboquant_mse-2-k4-w16",
             "affine-rot-4-w0",
             "turboquant_prod-3",
             "qjl-4",

@@ -20,6 +20,7 @@ import json
 import os
 import statistics
 import time
+from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
@@ -145,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="2k and 8k cached tokens only")
     parser.add_argument("--json", action="store_true", help=f"write {RESULTS}")
+    parser.add_argument("--out", type=Path, help="write the JSON here instead (a partial run beside the full one)")
     parser.add_argument("--contexts", default="", help="comma-separated cached-token counts (overrides --quick)")
     parser.add_argument("--no-prefill", action="store_true", help="skip the 512-token prefill timing")
     parser.add_argument("--arms", default="", help="comma-separated arm labels (fp16 and mlx-q4 always run)")
@@ -162,10 +164,11 @@ def main(argv: list[str] | None = None) -> None:
     if args.contexts:
         contexts = tuple(int(c) for c in args.contexts.split(","))
     results = measure(arms, contexts, with_prefill=not args.no_prefill)
-    if args.json:
-        RESULTS.parent.mkdir(parents=True, exist_ok=True)
-        RESULTS.write_text(json.dumps(results, indent=2) + "\n")
-        print(f"wrote {RESULTS}")
+    out = args.out or (RESULTS if args.json else None)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(results, indent=2) + "\n")
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

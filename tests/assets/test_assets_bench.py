@@ -118,6 +118,13 @@ def test_kv_benchmark_pipeline_measures_writes_and_renders(tiny_model, tmp_path)
     assert result["variant_check"]["max_abs_logit_diff"] < 1e-3
     fp16 = rows[("tiny-llama", "fp16")]
     assert fp16["kl_mean"] == 0.0 and fp16["top1_agreement"] == 1.0 and fp16["stored_vs_fp16"] == 1.0
+    # Stored bytes are the tokens held: 164 tokens sit in a 256-row fp16 buffer, and the slack must
+    # not count (it made every ratio over fp16 look up to 256 / tokens smaller).
+    config = json.loads((tiny_model / "config.json").read_text())
+    kv_heads = config.get("num_key_value_heads", config["num_attention_heads"])
+    head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    fp16_bytes_per_token = config["num_hidden_layers"] * kv_heads * head_dim * 2 * 2  # keys and values
+    assert fp16["stored_bytes_per_token"] == fp16_bytes_per_token
     # mlx_lm 4-bit, group 64: 4 bits + a 16-bit scale and bias per 64 elements = 4.5 / 16 of fp16.
     assert abs(rows[("tiny-llama", "mlx-q4")]["stored_vs_fp16"] - 4.5 / 16) < 0.01
     assert rows[("tiny-llama", "mlx-q4")]["positions"] == 4
@@ -125,7 +132,8 @@ def test_kv_benchmark_pipeline_measures_writes_and_renders(tiny_model, tmp_path)
         for label in ("mlx-q4", "affine-4"):
             row = rows[(variant, label)]
             assert "error" not in row, row.get("error")
-            assert 0.0 < row["kl_mean"] < 1.0 and row["stored_vs_fp16"] < 0.4
+            # affine-4's codes plus its 32 exact tokens: 32 / 164 of fp16 at this short length
+            assert 0.0 < row["kl_mean"] < 1.0 and row["stored_vs_fp16"] < 0.5
             assert 0.8 < row["resident_over_nbytes"] < 1.3
     evicted = rows[("tiny-llama", "streaming_llm-40")]
     assert "error" not in evicted, evicted.get("error")
