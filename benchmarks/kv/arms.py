@@ -116,6 +116,8 @@ def quantizer_arms(quick: bool) -> list[Arm]:
             arms.append(Arm("turboquant_mse-3-w16", info.name, "quantization", 3, {"recent_window": 16}))
             narrow_values = {"turboquant_key_bits": 4, "recent_window": 16}
             arms.append(Arm("turboquant_mse-2-k4-w16", info.name, "quantization", 2, narrow_values))
+            uniform = narrow_values | {"turboquant_codebook": "uniform"}  # quantized_matmul's decode speed
+            arms.append(Arm("turboquant_mse-2-k4-w16-uniform", info.name, "quantization", 2, uniform))
             arms.append(Arm("turboquant_mse-4-w16", info.name, "quantization", 4, {"recent_window": 16}))
     return arms
 

@@ -46,6 +46,10 @@ def build_model(seed: int = 0) -> Any:
     return model
 
 
+UNIFORM = {"turboquant_codebook": "uniform"}
+MSE_2_K4 = {"turboquant_key_bits": 4, "recent_window": 16}
+
+
 def arms() -> list[Arm]:
     """fp16, mlx_lm's 4-bit peer, and every veloxd method (Lloyd-Max and uniform TurboQuant)."""
     out = [Arm("fp16", "fp16", "baseline"), Arm("mlx-q4", PEER, "peer", 4)]
@@ -54,8 +58,12 @@ def arms() -> list[Arm]:
         Arm("kivi-4", "kivi", "quantization", 4),
         Arm("kivi-2", "kivi", "quantization", 2),
         Arm("turboquant_mse-3", "turboquant_mse", "quantization", 3),
-        Arm("turboquant_mse-3-uniform", "turboquant_mse", "quantization", 3, {"turboquant_codebook": "uniform"}),
+        Arm("turboquant_mse-3-uniform", "turboquant_mse", "quantization", 3, UNIFORM),
         Arm("turboquant_prod-4", "turboquant_prod", "quantization", 4),
+        # the settings docs/caches.md gives at mlx_lm's footprints
+        Arm("affine-4-g128-w16", "affine", "quantization", 4, {"affine_group_size": 128, "recent_window": 16}),
+        Arm("turboquant_mse-2-k4-w16", "turboquant_mse", "quantization", 2, MSE_2_K4),
+        Arm("turboquant_mse-2-k4-w16-uniform", "turboquant_mse", "quantization", 2, MSE_2_K4 | UNIFORM),
         Arm("qjl", "qjl", "quantization", None),
     ]
     for info in registry.METHODS:
