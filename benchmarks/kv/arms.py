@@ -119,6 +119,12 @@ def quantizer_arms(quick: bool) -> list[Arm]:
             uniform = narrow_values | {"turboquant_codebook": "uniform"}  # quantized_matmul's decode speed
             arms.append(Arm("turboquant_mse-2-k4-w16-uniform", info.name, "quantization", 2, uniform))
             arms.append(Arm("turboquant_mse-4-w16", info.name, "quantization", 4, {"recent_window": 16}))
+        if info.name == "turboquant_prod" and not quick:  # evenly spaced levels: quantized_matmul's speed
+            arms.append(
+                Arm("turboquant_prod-4-uniform", info.name, "quantization", 4, {"turboquant_codebook": "uniform"})
+            )
+        if info.name == "qjl" and not quick:  # a D-row sketch: one read as wide as a 4-bit key's
+            arms.append(Arm("qjl-4-s128", info.name, "quantization", 4, {"qjl_sketch_dim": 128}))
     return arms
 
 

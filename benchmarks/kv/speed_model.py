@@ -60,11 +60,13 @@ def arms() -> list[Arm]:
         Arm("turboquant_mse-3", "turboquant_mse", "quantization", 3),
         Arm("turboquant_mse-3-uniform", "turboquant_mse", "quantization", 3, UNIFORM),
         Arm("turboquant_prod-4", "turboquant_prod", "quantization", 4),
+        Arm("turboquant_prod-4-uniform", "turboquant_prod", "quantization", 4, UNIFORM),
         # the settings docs/caches.md gives at mlx_lm's footprints
         Arm("affine-4-g128-w16", "affine", "quantization", 4, {"affine_group_size": 128, "recent_window": 16}),
         Arm("turboquant_mse-2-k4-w16", "turboquant_mse", "quantization", 2, MSE_2_K4),
         Arm("turboquant_mse-2-k4-w16-uniform", "turboquant_mse", "quantization", 2, MSE_2_K4 | UNIFORM),
         Arm("qjl", "qjl", "quantization", None),
+        Arm("qjl-s128", "qjl", "quantization", None, {"qjl_sketch_dim": 128}),
     ]
     for info in registry.METHODS:
         if info.family == "eviction":
