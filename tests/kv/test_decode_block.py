@@ -126,7 +126,7 @@ def test_decode_step_operations_do_not_grow_with_context(method, fields, gqa, d,
 
 def test_lloyd_max_decode_reads_bounded_blocks() -> None:
     """The exception, stated: Lloyd-Max codes are decoded a block of `decode_block` keys at a time."""
-    cache = filled("turboquant_mse", 4, 128, {}, 300)
-    assert cache.codec.decode_block is not None and cache.codec.decode_block < 300
-    uniform = filled("turboquant_mse", 4, 128, UNIFORM, 300)
+    cache = filled("turboquant_mse", 4, 128, {}, 1300)
+    assert cache.codec.decode_block is not None and cache.codec.decode_block < 1300
+    uniform = filled("turboquant_mse", 4, 128, UNIFORM, 1300)
     assert uniform.codec.decode_block is None
