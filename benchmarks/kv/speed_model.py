@@ -1,8 +1,13 @@
 """The speed benchmark's model, arms and cache filling (benchmarks/kv/speed.py runs them).
 
-Model (the shape the speed goals were first measured on): a 2-layer random-weight llama with an 8B-like attention shape, 8 query heads,
-2 KV heads, head_dim 128, hidden 1024, float32. Caches are filled by prefill in 1024-token chunks;
-a batch of 4 is the single request's caches merged four times (as mlx_lm's BatchGenerator merges
+Model (the shape the speed goals were first measured on): a 2-layer random-weight llama with an
+8B-like attention shape, 8 query heads, 2 KV heads, head_dim 128, hidden 1024, float32.
+Filling: eviction and hybrid caches by prefill in 1024-token chunks (what they keep is chosen from
+the attention). Every other cache takes random keys and values of the model's shapes written
+straight into each layer's cache in 1024-token chunks, each chunk followed by one single-query read
+(as a decode step would, so a recent window is cut back to its size): a decode step's time depends
+on how many tokens are held and in what form, not on their values, and a 32k prefill through
+attention would cost far more than the decode being measured. A batch of 4 is the single request's caches merged four times (as mlx_lm's BatchGenerator merges
 them); mlx_lm's QuantizedKVCache has no `merge`, so its rows are concatenated.
 """
 
@@ -18,6 +23,7 @@ from mlx_lm.models.cache import QuantizedKVCache
 
 from benchmarks.kv.arms import PEER, Arm, eviction_settings
 from veloxd.kv import registry
+from veloxd.kv.base import VeloxCache
 
 VOCAB = 512
 PREFILL_CHUNK = 1024
@@ -51,8 +57,8 @@ MSE_2_K4 = {"turboquant_key_bits": 4, "recent_window": 16}
 
 
 def arms() -> list[Arm]:
-    """fp16, mlx_lm's 4-bit peer, and every veloxd method (Lloyd-Max and uniform TurboQuant)."""
-    out = [Arm("fp16", "fp16", "baseline"), Arm("mlx-q4", PEER, "peer", 4)]
+    """fp16, mlx_lm's 4-bit and 3-bit peers, and every veloxd method (Lloyd-Max and uniform TurboQuant)."""
+    out = [Arm("fp16", "fp16", "baseline"), Arm("mlx-q4", PEER, "peer", 4), Arm("mlx-q3", PEER, "peer", 3)]
     out += [
         Arm("affine-4", "affine", "quantization", 4),
         Arm("kivi-4", "kivi", "quantization", 4),
@@ -94,10 +100,32 @@ def prefill(model: Any, caches: list[Any], prompt: mx.array, chunk: int = PREFIL
 
 
 def filled(model: Any, arm: Arm, context: int) -> list[Any]:
-    """One request's caches after a `context`-token prompt."""
+    """One request's caches holding `context` tokens (see the module docstring for how)."""
     caches = arm.make_caches(model)
-    prefill(model, caches, tokens(context))
+    if arm.family in ("eviction", "hybrid"):
+        prefill(model, caches, tokens(context))
+    else:
+        written(model, caches, context)
     return caches
+
+
+def written(model: Any, caches: list[Any], context: int, seed: int = 4) -> None:
+    """Random post-RoPE keys and values [1, Hkv, chunk, D] straight into every layer's cache."""
+    args = model.args
+    shape = (1, args.num_key_value_heads, 0, args.head_dim)
+    scale = args.head_dim**-0.5
+    key = mx.random.key(seed)
+    for start in range(0, context, PREFILL_CHUNK):
+        n = min(PREFILL_CHUNK, context - start)
+        for cache in caches:
+            key, k_key, v_key, q_key = mx.random.split(key, 4)
+            keys = mx.random.normal(shape[:2] + (n, shape[3]), key=k_key)  # [1, Hkv, n, D]
+            values = mx.random.normal(shape[:2] + (n, shape[3]), key=v_key)
+            cache.update_and_fetch(keys, values)
+            if isinstance(cache, VeloxCache):
+                query = mx.random.normal((1, args.num_attention_heads, 1, shape[3]), key=q_key)  # [1, Hq, 1, D]
+                mx.eval(cache.attend(query, scale, None))
+            mx.eval(cache.state)
 
 
 def batched(caches: list[Any], n: int) -> list[Any] | None:

@@ -159,3 +159,28 @@ def test_every_planned_label_is_an_arm_and_hybrids_are_arms() -> None:
     for info in registry.HYBRIDS:
         arm = at_1k[f"{info.name}-4-256"]
         assert arm.family == "hybrid" and arm.config() is not None and arm.config().method == info.name
+
+
+def test_speed_benchmark_written_caches_hold_the_context_and_decode() -> None:
+    """The speed benchmark writes quantizer caches directly (no attention over the prompt): every
+    layer then holds exactly the context, a recent window is back at its size, and a decode step
+    runs over them (as over caches a prefill filled)."""
+    import mlx.core as mx
+
+    from benchmarks.kv import speed_model
+
+    model = speed_model.build_model()
+    arms = {a.label: a for a in speed_model.arms()}
+    context = speed_model.PREFILL_CHUNK + 300  # a full chunk and a partial one
+    token = speed_model.tokens(1)
+    for label in ("fp16", "mlx-q4", "affine-4", "turboquant_mse-3", "qjl"):
+        caches = speed_model.filled(model, arms[label], context)
+        assert [c.offset for c in caches] == [context] * len(caches), label
+        for cache in caches:
+            window = getattr(cache, "window", None)
+            if window is not None:
+                assert window.arrays()[0].shape[2] <= 2 * cache.config.recent_window, label
+        logits = model(token, cache=caches)
+        mx.eval(logits)
+        assert logits.shape == (1, 1, speed_model.VOCAB) and bool(mx.isfinite(logits).all()), label
+        assert [c.offset for c in caches] == [context + 1] * len(caches), label

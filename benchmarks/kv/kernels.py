@@ -1,0 +1,140 @@
+"""What one decode step's reads cost per element in MLX's kernels on this device, side by side.
+
+A decode step of every cache is a few reads over all stored tokens: scores (queries times the keys,
+contracted over the head dimension) and the weighted sum (weights times the values, contracted
+over the tokens). This measures each read form alone, at the speed benchmark's shape (2 KV heads,
+4 query rows each, head_dim 128, `--tokens` cached tokens), as nanoseconds per stored element:
+- dense: a float32 matmul (what the fp16 cache and eviction slots read);
+- packed b-bit codes through `mx.quantized_matmul` (mlx_lm's QuantizedKVCache, affine, KIVI,
+  uniform TurboQuant, QJL's 1-bit sketch), scores (`transpose=True`) and weighted sum;
+- Lloyd-Max codes decoded by veloxd's fused kernel and multiplied densely, one 1024-key block at
+  a time (veloxd.kv.ops.levels), as Lloyd-Max TurboQuant's decode step reads them.
+Medians of 30 calls after 3 warm-ups; each form interleaved with the others round by round.
+
+    python -m benchmarks.kv.kernels [--tokens 8192] [--json PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import mlx.core as mx
+
+from benchmarks.provenance import cpu_name
+from veloxd.kv.ops.codebooks import codebook
+from veloxd.kv.ops.levels import LevelCodes
+
+KV_HEADS, ROWS, DIM, GROUP = 2, 4, 128, 64
+ROUNDS, CALLS = 3, 10
+
+
+def forms(tokens: int) -> dict[str, Callable[[], mx.array]]:
+    """Every read form: name -> a function returning the (lazy) result of one read."""
+    q = mx.random.normal((KV_HEADS, ROWS, DIM))  # [Hkv, R, D]
+    p = mx.softmax(mx.random.normal((KV_HEADS, ROWS, tokens)), axis=-1)  # [Hkv, R, T]
+    dense = mx.random.normal((KV_HEADS, tokens, DIM))  # [Hkv, T, D]
+    out: dict[str, Callable[[], mx.array]] = {
+        "dense scores": lambda: q @ dense.swapaxes(-1, -2),
+        "dense weighted": lambda: p @ dense,
+    }
+    for bits in (1, 2, 3, 4, 8):
+        codes = mx.random.randint(0, 2**bits, (KV_HEADS, tokens, DIM)).astype(mx.float32)
+        packed, scales, biases = mx.quantize(codes, group_size=GROUP, bits=bits) if bits > 1 else _one_bit(codes)
+        mx.eval(packed, scales, biases)
+
+        def scores(packed=packed, scales=scales, biases=biases, bits=bits) -> mx.array:
+            return mx.quantized_matmul(q, packed, scales, biases, transpose=True, group_size=GROUP, bits=bits)
+
+        def weighted(packed=packed, scales=scales, biases=biases, bits=bits) -> mx.array:
+            return mx.quantized_matmul(p, packed, scales, biases, transpose=False, group_size=GROUP, bits=bits)
+
+        out[f"{bits}-bit quantized_matmul scores"] = scores
+        out[f"{bits}-bit quantized_matmul weighted"] = weighted
+    for bits in (3, 4):
+        lloyd = LevelCodes(codebook("lloyd_max", DIM, bits).levels, bits, DIM)
+        arrays = lloyd.pack(mx.random.randint(0, 2**bits, (1, KV_HEADS, tokens, DIM)).astype(mx.uint32))
+        mx.eval(arrays)
+        out[f"{bits}-bit Lloyd-Max decode + dense scores"] = _blocked(
+            lambda a, lloyd=lloyd: lloyd.dot(q[None, :, :, None], a), arrays, tokens
+        )
+        out[f"{bits}-bit Lloyd-Max decode + dense weighted"] = _blocked(
+            lambda a, lloyd=lloyd, p=p: lloyd.weighted(p[None, :, :, None, : a[0].shape[2]], a), arrays, tokens
+        )
+    return out
+
+
+def _one_bit(codes: mx.array) -> tuple[mx.array, mx.array, mx.array]:
+    """1-bit codes packed 32 per word with unit scales and zero biases (mx.quantize starts at 2 bits)."""
+    shifts = mx.arange(32, dtype=mx.uint32)
+    bits = codes.astype(mx.uint32).reshape(*codes.shape[:-1], -1, 32)  # [Hkv, T, D/32, 32]
+    packed = (bits << shifts).sum(axis=-1).astype(mx.uint32)  # [Hkv, T, D/32]
+    shape = (*codes.shape[:-1], codes.shape[-1] // GROUP)
+    return packed, mx.ones(shape), mx.zeros(shape)
+
+
+def _blocked(read: Callable[[list[mx.array]], mx.array], arrays: list[mx.array], tokens: int) -> Callable[[], mx.array]:
+    """The read over 1024-key blocks, evaluated block by block (as a Lloyd-Max decode step)."""
+
+    def run() -> mx.array:
+        last = None
+        for start in range(0, tokens, 1024):
+            last = read([a[:, :, start : start + 1024] for a in arrays])
+            mx.eval(last)
+        assert last is not None
+        return last
+
+    return run
+
+
+def measure(tokens: int) -> dict[str, float]:
+    """Median ns per stored element of every form."""
+    reads = forms(tokens)
+    times: dict[str, list[float]] = {name: [] for name in reads}
+    for read in reads.values():
+        for _ in range(3):
+            mx.eval(read())
+    for _ in range(ROUNDS):
+        for name, read in reads.items():
+            for _ in range(CALLS):
+                start = time.perf_counter()
+                mx.eval(read())
+                times[name].append(time.perf_counter() - start)
+    elements = KV_HEADS * tokens * DIM
+    return {name: statistics.median(t) * 1e9 / elements for name, t in times.items()}
+
+
+def render(rates: dict[str, float], tokens: int) -> str:
+    dense = {kind: rates[f"dense {kind}"] for kind in ("scores", "weighted")}
+    lines = [f"| read ({tokens} tokens) | ns per element | × dense |", "|---|---|---|"]
+    for name, ns in rates.items():
+        kind = "scores" if name.endswith("scores") else "weighted"
+        lines.append(f"| {name} | {ns:.2f} | {ns / dense[kind]:.1f} |")
+    preload = os.environ.get("LD_PRELOAD", "") or "none"
+    lines += [
+        "",
+        f"{cpu_name()}, {os.cpu_count()} cores, MLX {mx.__version__} {mx.default_device()}, LD_PRELOAD={preload}",
+    ]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=8192)
+    parser.add_argument("--json", type=Path, help="write the rates here")
+    args = parser.parse_args(argv)
+    rates = measure(args.tokens)
+    print(render(rates, args.tokens), flush=True)
+    if args.json:
+        payload = {"tokens": args.tokens, "machine": cpu_name(), "mlx": mx.__version__, "ns_per_element": rates}
+        payload["blas_preload"] = os.environ.get("LD_PRELOAD", "")
+        args.json.write_text(json.dumps(payload, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
