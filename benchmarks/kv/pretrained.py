@@ -90,21 +90,33 @@ def shipped_kl(kv_json: Path) -> dict[tuple[str, int, str], float]:
     return {(r["variant"], r["context"], r["label"]): r["kl_mean"] for r in rows if "kl_mean" in r}
 
 
-def markdown(report: dict[str, Any], shipped: dict[tuple[str, int, str], float]) -> str:
+def shipped_source(kv_json: Path) -> str:
+    """Where the shipped models' columns come from (a whole `make bench` writes kv.json first)."""
+    if not kv_json.is_file():
+        return ""
+    date = json.loads(kv_json.read_text()).get("provenance", {}).get("date", "?")
+    return f"Shipped models' columns: {kv_json.name}, measured {date} (same documents and arms)."
+
+
+def markdown(report: dict[str, Any], shipped: dict[tuple[str, int, str], float], shipped_from: str = "") -> str:
     variants = sorted({v for v, _, _ in shipped})
     lines = [f"# {NAME}: KV-cache quality on a real pretrained model", "", report["source"], ""]
+    when = report.get("provenance", {}).get("date", "?")
+    lines += [
+        f"{NAME}: measured {when}, {report.get('seconds', '?')} s." + (f" {shipped_from}" if variants else ""),
+        "",
+    ]
     for context in sorted({r["context"] for r in report["rows"]}):
-        head = f"| method | {NAME} KL | top-1 | stored x fp16 | " + " | ".join(f"{v} KL" for v in variants) + " |"
+        head = f"| method | {NAME} KL | top-1 | stored x fp16 |" + "".join(f" {v} KL |" for v in variants)
         lines += [f"## {context}-token prompts", "", head, "|" + " --- |" * (4 + len(variants))]
         for r in (r for r in report["rows"] if r["context"] == context):
             if r.get("error"):
                 lines.append(f"| `{r['label']}` | failed: {r['error'][:80]} |")
                 continue
             theirs = [shipped.get((v, context, r["label"])) for v in variants]
-            cells = " | ".join("-" if k is None else f"{k:.4f}" for k in theirs)
+            cells = "".join(" - |" if k is None else f" {k:.4f} |" for k in theirs)
             lines.append(
-                f"| `{r['label']}` | {r['kl_mean']:.4f} | {r['top1_agreement']:.3f} | "
-                f"{r['stored_vs_fp16']:.3f} | {cells} |"
+                f"| `{r['label']}` | {r['kl_mean']:.4f} | {r['top1_agreement']:.3f} | {r['stored_vs_fp16']:.3f} |{cells}"
             )
         lines.append("")
     if report["passkey"]:
@@ -153,7 +165,8 @@ def main(argv: list[str] | None = None) -> int:
     report["passkey"] = passkey_rows(bench, passkey, filler, log)
     report["seconds"] = round(time.time() - started, 1)
     write(report, out)
-    text = markdown(report, shipped_kl(args.out_dir / "kv.json"))
+    kv_json = args.out_dir / "kv.json"
+    text = markdown(report, shipped_kl(kv_json), shipped_source(kv_json))
     (args.out_dir / "pretrained.md").write_text(text)
     print(text, flush=True)
     log("pretrained_benchmark_finished", seconds=report["seconds"], out=str(out))
