@@ -14,7 +14,7 @@ BLAS_ENV := $(if $(OPENBLAS),LD_PRELOAD=$(OPENBLAS),)
 # The dashboard's browser tests drive Debian's chromium through Playwright (no browser download).
 CHROMIUM := /usr/bin/chromium
 
-.PHONY: run test test-fast lint browser blas bench bench-quick bench-kv bench-speed bench-retrieval train-retrieval eval-retrieval bench-daemon bench-limits bench-distributed bench-gateway bench-coldstart schema clean
+.PHONY: run test test-fast lint browser blas bench bench-quick bench-kv bench-speed bench-kernels bench-retrieval train-retrieval eval-retrieval bench-daemon bench-limits bench-distributed bench-gateway bench-coldstart schema clean
 
 $(STAMP): pyproject.toml testkit/pretrained.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -106,8 +106,16 @@ bench-quick: $(BENCH_STAMP)
 bench-kv: $(BENCH_STAMP)
 	$(BLAS_ENV) $(PY) -m benchmarks.kv.quality
 
-bench-speed:
+# Decode (2k, 8k, 32k; single and 4 batched) and prefill of every cache beside fp16 and mlx_lm's
+# 4-bit cache (~45 min), then cold start beside mlx_lm.server (bench-coldstart, ~2 min).
+bench-speed: $(BENCH_STAMP)
 	$(BLAS_ENV) $(PY) -m benchmarks.kv.speed --json
+	$(BLAS_ENV) $(PY) -m benchmarks.system.coldstart --rounds 5 --json benchmarks/results/coldstart.json
+
+# What one decode read costs per stored element in each of MLX's kernels (dense, quantized_matmul at
+# 1-8 bits, Lloyd-Max decode): the measured reason behind bench-speed's ratios (~1 min).
+bench-kernels: $(BENCH_STAMP)
+	$(BLAS_ENV) $(PY) -m benchmarks.kv.kernels --json benchmarks/results/kernels.json
 
 # Pass-key accuracy per depth through every cache, on veloxd/assets/tiny-llama-retrieval (~20 min).
 bench-retrieval: $(BENCH_STAMP)
@@ -153,7 +161,7 @@ bench-gateway: $(STAMP)
 
 # Spawn -> first answered chat completion: veloxd serve (fp16, kivi, snapkv, turboquant_mse; first
 # start with an empty state dir, second start reading its kept KV figure) vs mlx_lm.server,
-# interleaved rounds, medians and ratios (~3 min per round on 2 idle cores).
+# interleaved rounds, medians and ratios (~15 s per round on 2 idle cores).
 bench-coldstart: $(STAMP)
 	$(BLAS_ENV) $(PY) -m benchmarks.system.coldstart
 

@@ -1,8 +1,9 @@
 """The `veloxd` command line: subcommands only, no logic beyond argument handling.
 
-Each module in COMMAND_MODULES has `register(subparsers)`, which adds its subcommands with
+Each module in COMMANDS has `register(subparsers)`, which adds its subcommands with
 `set_defaults(func=run)`; `run(args) -> int` is the exit code. Command modules import
-nothing heavy at top level (no mlx), so `veloxd check` stays fast.
+nothing heavy at top level (no mlx), so `veloxd check` stays fast, and a named command imports
+only its own module (a worker's start pays for `veloxd serve`'s parser, not the daemon's).
 """
 
 from __future__ import annotations
@@ -14,32 +15,44 @@ import sys
 
 from veloxd import __version__
 
-COMMAND_MODULES = (
-    "veloxd.cli.serve",  # serve
-    "veloxd.cli.methods",  # methods
-    "veloxd.cli.config",  # check, schema, plan
-    "veloxd.cli.daemon",  # run, status, reload, restart, logs
-    "veloxd.cli.service",  # install, uninstall
-    "veloxd.cli.pull",  # pull
-    "veloxd.cli.web",  # web (internal: the dashboard process)
-    "veloxd.cli.gateway",  # gateway (internal: the daemon runs it)
-)
+# Each command and the module that registers it, in `veloxd --help`'s order (a test checks that
+# every module registers exactly the commands listed for it).
+COMMANDS = {
+    "serve": "veloxd.cli.serve",
+    "methods": "veloxd.cli.methods",
+    "check": "veloxd.cli.config",
+    "schema": "veloxd.cli.config",
+    "plan": "veloxd.cli.config",
+    "run": "veloxd.cli.daemon",
+    "status": "veloxd.cli.daemon",
+    "reload": "veloxd.cli.daemon",
+    "restart": "veloxd.cli.daemon",
+    "logs": "veloxd.cli.daemon",
+    "install": "veloxd.cli.service",
+    "uninstall": "veloxd.cli.service",
+    "pull": "veloxd.cli.pull",
+    "web": "veloxd.cli.web",  # internal: the dashboard process
+    "gateway": "veloxd.cli.gateway",  # internal: the daemon runs it
+}
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The whole parser, or, for a known command, one with only its module's subcommands."""
     parser = argparse.ArgumentParser(
         prog="veloxd",
         description="Serve several MLX models at once, each with a compressed KV cache, from one YAML file.",
     )
     parser.add_argument("--version", action="version", version=f"veloxd {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for name in COMMAND_MODULES:
+    modules = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
+    for name in modules:
         importlib.import_module(name).register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else argv
+    parser = build_parser(argv[0] if argv else None)
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
         parser.print_help(sys.stderr)
