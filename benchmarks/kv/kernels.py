@@ -7,9 +7,10 @@ over the tokens). This measures each read form alone, at the speed benchmark's s
 - dense: a float32 matmul (what the fp16 cache and eviction slots read);
 - packed b-bit codes through `mx.quantized_matmul` (mlx_lm's QuantizedKVCache, affine, KIVI,
   uniform TurboQuant, QJL's 1-bit sketch), scores (`transpose=True`) and weighted sum;
+- packed b-bit codes decoded by `mx.dequantize` alone (what a prefill block does before a dense matmul);
 - Lloyd-Max codes decoded by veloxd's fused kernel and multiplied densely, one 1024-key block at
   a time (veloxd.kv.ops.levels), as Lloyd-Max TurboQuant's decode step reads them.
-Medians of 30 calls after 3 warm-ups; each form interleaved with the others round by round.
+Medians of 100 calls after 3 warm-ups; each form interleaved with the others round by round.
 
     python -m benchmarks.kv.kernels [--tokens 8192] [--json PATH]
 """
@@ -31,7 +32,7 @@ from veloxd.kv.ops.codebooks import codebook
 from veloxd.kv.ops.levels import LevelCodes
 
 KV_HEADS, ROWS, DIM, GROUP = 2, 4, 128, 64
-ROUNDS, CALLS = 3, 10
+ROUNDS, CALLS = 10, 10
 
 
 def forms(tokens: int) -> dict[str, Callable[[], mx.array]]:
@@ -56,6 +57,10 @@ def forms(tokens: int) -> dict[str, Callable[[], mx.array]]:
 
         out[f"{bits}-bit quantized_matmul scores"] = scores
         out[f"{bits}-bit quantized_matmul weighted"] = weighted
+        if bits > 1:  # what a prefill block does instead: decode the codes, then multiply densely
+            out[f"{bits}-bit dequantize"] = lambda packed=packed, scales=scales, biases=biases, bits=bits: (
+                mx.dequantize(packed, scales, biases, group_size=GROUP, bits=bits)
+            )
     for bits in (3, 4):
         lloyd = LevelCodes(codebook("lloyd_max", DIM, bits).levels, bits, DIM)
         arrays = lloyd.pack(mx.random.randint(0, 2**bits, (1, KV_HEADS, tokens, DIM)).astype(mx.uint32))
@@ -113,8 +118,9 @@ def render(rates: dict[str, float], tokens: int) -> str:
     dense = {kind: rates[f"dense {kind}"] for kind in ("scores", "weighted")}
     lines = [f"| read ({tokens} tokens) | ns per element | × dense |", "|---|---|---|"]
     for name, ns in rates.items():
-        kind = "scores" if name.endswith("scores") else "weighted"
-        lines.append(f"| {name} | {ns:.2f} | {ns / dense[kind]:.1f} |")
+        kind = "scores" if name.endswith("scores") else "weighted" if name.endswith("weighted") else None
+        relative = "" if kind is None else f"{ns / dense[kind]:.1f}"  # a decode alone has no dense peer
+        lines.append(f"| {name} | {ns:.2f} | {relative} |")
     preload = os.environ.get("LD_PRELOAD", "") or "none"
     lines += [
         "",

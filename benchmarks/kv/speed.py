@@ -11,6 +11,7 @@ Prints whether OpenBLAS was preloaded (LD_PRELOAD); --json writes benchmarks/res
 `render(results)` turns the results dict into the table, so later columns (cold start) extend it.
 
     python -m benchmarks.kv.speed [--quick] [--json] [--arms fp16,mlx-q4,affine-4] [--contexts 2048] [--no-prefill]
+                                  [--no-decode] [--prefill-rounds N]
 """
 
 from __future__ import annotations
@@ -77,10 +78,11 @@ def measure_context(model: Any, arms: list[Arm], context: int) -> dict[str, dict
     }
 
 
-def measure(arms: list[Arm], contexts: tuple[int, ...], with_prefill: bool = True) -> dict[str, Any]:
+def measure(arms: list[Arm], contexts: tuple[int, ...], prefill_rounds: int = ROUNDS) -> dict[str, Any]:
+    """Prefill (`prefill_rounds` interleaved rounds; 0: none), then decode at each context."""
     model = build_model()
     prefill_times: dict[str, list[float]] = {a.label: [] for a in arms}
-    for _ in range(ROUNDS if with_prefill else 0):
+    for _ in range(prefill_rounds):
         for a in arms:
             prefill_times[a.label].append(prefill_ms(model, a))
     results = header(arms, {label: (statistics.median(t) if t else None) for label, t in prefill_times.items()})
@@ -149,6 +151,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, help="write the JSON here instead (a partial run beside the full one)")
     parser.add_argument("--contexts", default="", help="comma-separated cached-token counts (overrides --quick)")
     parser.add_argument("--no-prefill", action="store_true", help="skip the 512-token prefill timing")
+    parser.add_argument("--prefill-rounds", type=int, default=ROUNDS, help="interleaved prefill rounds (median)")
+    parser.add_argument("--no-decode", action="store_true", help="prefill only (no decode context)")
     parser.add_argument("--arms", default="", help="comma-separated arm labels (fp16 and mlx-q4 always run)")
     args = parser.parse_args(argv)
     arms = all_arms()
@@ -163,7 +167,13 @@ def main(argv: list[str] | None = None) -> None:
     contexts: tuple[int, ...] = QUICK_CONTEXTS if args.quick else CONTEXTS
     if args.contexts:
         contexts = tuple(int(c) for c in args.contexts.split(","))
-    results = measure(arms, contexts, with_prefill=not args.no_prefill)
+    if args.no_decode:
+        contexts = ()
+        if args.no_prefill:
+            parser.error("--no-decode with --no-prefill measures nothing")
+    results = measure(arms, contexts, prefill_rounds=0 if args.no_prefill else args.prefill_rounds)
+    if not contexts:
+        print(render(results), flush=True)
     out = args.out or (RESULTS if args.json else None)
     if out is not None:
         out.parent.mkdir(parents=True, exist_ok=True)

@@ -184,3 +184,40 @@ def test_speed_benchmark_written_caches_hold_the_context_and_decode() -> None:
         mx.eval(logits)
         assert logits.shape == (1, 1, speed_model.VOCAB) and bool(mx.isfinite(logits).all()), label
         assert [c.offset for c in caches] == [context + 1] * len(caches), label
+
+
+def test_kernel_rates_cover_every_read_form_and_render_against_dense() -> None:
+    """`make bench-kernels` measures every read form (dense, quantized_matmul at 1-8 bits both ways,
+    dequantize, Lloyd-Max) and renders each scores/weighted rate relative to the dense read."""
+    from benchmarks.kv import kernels
+
+    rates = kernels.measure(1024)
+    for bits in (1, 2, 3, 4, 8):
+        assert {f"{bits}-bit quantized_matmul scores", f"{bits}-bit quantized_matmul weighted"} <= set(rates)
+    assert {"2-bit dequantize", "3-bit dequantize", "4-bit dequantize"} <= set(rates)
+    assert {"3-bit Lloyd-Max decode + dense scores", "4-bit Lloyd-Max decode + dense weighted"} <= set(rates)
+    assert all(ns > 0 for ns in rates.values()), rates
+    table = kernels.render(rates, 1024)
+    dense = rates["dense scores"]
+    assert f"| 4-bit quantized_matmul scores | {rates['4-bit quantized_matmul scores']:.2f} | " in table
+    assert f"{rates['4-bit quantized_matmul scores'] / dense:.1f} |" in table
+    assert f"| 3-bit dequantize | {rates['3-bit dequantize']:.2f} |  |" in table
+
+
+def test_speed_benchmark_prefill_only_run_writes_no_decode_context(tmp_path) -> None:
+    """`--no-decode` measures prefill alone (the arms asked for, fp16 and mlx-q4 beside them)."""
+    import json
+
+    out = tmp_path / "speed.json"
+    result = run_python(
+        "from benchmarks.kv.speed import main\n"
+        f"main(['--no-decode', '--prefill-rounds', '1', '--arms', 'kivi-4', '--out', {str(out)!r}])\n"
+    )
+    assert result.returncode == 0, result.stderr
+    written = json.loads(out.read_text())
+    assert written["decode_ms"] == {}
+    assert set(written["prefill_ms"]) == {"fp16", "mlx-q4", "kivi-4"}
+    assert all(ms > 0 for ms in written["prefill_ms"].values())
+    assert "| kivi-4 |" in result.stdout
+    refused = run_python("from benchmarks.kv.speed import main\nmain(['--no-decode', '--no-prefill'])\n")
+    assert refused.returncode == 2 and "measures nothing" in refused.stderr
