@@ -9,6 +9,8 @@ with the cache (dequantizing the whole cache, 16 blocks, would exceed it); for a
 the scores (B * Hq * T floats) plus the step's I/O, under a float32 copy of the whole cache.
 Eviction caches hold fp16 slots, which a prefill chunk reads in one span when the score bound
 allows (a block of them is a view, not a copy): their prefill bound is taken at that span.
+Hybrids read packed slots BLOCK at a time, and may keep a query block's exponentials over every
+slot for the policy's weights (`kept_weight_rows`): their bound counts those.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ CONTEXT = 16 * BLOCK
 CHUNK = 64
 METHODS = [m for m in registry.names() if m != "fp16"]
 EVICTION = [m for m in METHODS if registry.get(m).family == "eviction"]
+HYBRIDS = [m for m in METHODS if registry.get(m).family == "hybrid"]
 # d 96 is not a multiple of the 64-element default groups of affine and QJL's values
 GROUPS_96 = {"affine": {"affine_group_size": 32}, "qjl": {"qjl_value_group_size": 32}}
 GROUPS_96 |= {h.name: GROUPS_96["affine"] for h in registry.HYBRIDS}  # policies over affine codes
@@ -89,9 +92,11 @@ def test_prefill_block_and_decode_step_stay_under_the_stated_bound(method: str, 
     prefill = attend_peak(cache, *tensors(n_q, CHUNK, d, seed=1))
     decode = attend_peak(cache, *tensors(n_q, 1, d, seed=2))
     whole_cache_fp16 = CONTEXT * N_KV * 2 * d * 2
-    # dense slots (eviction) in one span over the cache and the chunk, packed forms BLOCK at a time
-    span = one_span_block(1, n_q, CHUNK, cache.size() + CHUNK, BLOCK) if method in EVICTION else BLOCK
-    prefill_bound = transient_bound(1, n_q, N_KV, CHUNK, d, d, span)
+    # dense slots (eviction) in one span over the cache and the chunk, packed forms BLOCK at a time;
+    # packed slots (hybrids) may keep one query block's exponentials over every slot for its weights
+    slots = cache.size() + CHUNK
+    span = one_span_block(1, n_q, CHUNK, slots, BLOCK) if method in EVICTION else BLOCK
+    prefill_bound = transient_bound(1, n_q, N_KV, CHUNK, d, d, span, length=slots, weights=method in HYBRIDS)
     decode_block = getattr(getattr(cache, "codec", None), "decode_block", None)  # Lloyd-Max: blocks
     decode_block = None if decode_block is None else min(decode_block, BLOCK)
     decode_bound = transient_bound(

@@ -225,6 +225,32 @@ def test_left_padded_rows_see_only_their_own_tokens() -> None:
     assert type(row) is type(alone) and row.offset == 2 and retained(row) == retained(alone)
 
 
+@pytest.mark.parametrize("n_q", [4, 64])
+def test_weights_over_key_blocks_kept_or_recomputed_equal_dense_softmax(n_q: int) -> None:
+    """A prefill chunk over several key blocks gets its weights from the kept exponentials when a
+    query block's scores over all keys fit the score bound (4 query heads), else from a second
+    pass (64 heads, 4,136 keys: under 32 rows would fit); both equal the dense softmax's."""
+    from veloxd.kv.ops.blockwise import kept_weight_rows
+
+    L, S = 40, 4136
+    k1, k2, k3 = mx.random.split(mx.random.key(5), 3)
+    k = mx.random.normal((1, N_KV, S, D), key=k1)
+    v = mx.random.normal((1, N_KV, S, D), key=k2)
+    q = mx.random.normal((1, n_q, L, D), key=k3)
+    assert (kept_weight_rows(1, n_q, L, S, 512) is not None) == (n_q == 4)
+
+    def reduce(probs: mx.array, qs: int, qe: int) -> mx.array:
+        return probs.sum(axis=(2, 3))  # [B, Hkv, n]
+
+    out, mass = attention.received(q, k, v, SCALE, "causal", reduce, block=512, one_span=False)
+    causal = mx.arange(S - L, S)[:, None] >= mx.arange(S)[None]  # [L, S]
+    grouped = q.reshape(1, N_KV, n_q // N_KV, L, D) * SCALE  # [B, Hkv, R, L, D]
+    scores = mx.where(causal, grouped @ k[:, :, None].swapaxes(-1, -2), -mx.inf)  # [B, Hkv, R, L, S]
+    assert mx.allclose(mass, mx.softmax(scores, axis=-1).sum(axis=(2, 3)), atol=1e-4)
+    reference = mx.fast.scaled_dot_product_attention(q, k, v, scale=SCALE, mask=causal)
+    assert mx.allclose(out, reference, atol=1e-4)
+
+
 def test_weights_in_query_and_key_blocks_equal_one_block() -> None:
     k, v, q = tokens(50, 11)
     weight = (mx.arange(50) % 7 != 0).astype(mx.float32)[None]  # some padding queries

@@ -28,7 +28,10 @@ tokens); metadata = B * Hkv * T * META_FLOATS * 4, the per-token metadata read a
 gains, scales and biases broadcast from constants: at most META_FLOATS per token and KV head,
 where a dequantized copy would hold D + Dv); exact tokens = B * Hkv * E * (D + Dv) * 4, the
 full-precision tokens a method keeps beside its codes (KIVI's residual, the recent window: E is
-set by the configuration, not by the context). The prefill bound does not grow with the cache; the
+set by the configuration, not by the context). A prefill chunk whose weights an eviction policy
+collects over several key blocks may also keep one query block's exponentials over all keys
+(`kept_weight_rows`: at most SCORE_ELEMENTS floats) instead of a second pass over the blocks;
+`transient_bound(..., weights=True)` counts them. The prefill bound does not grow with the cache; the
 decode bound grows with it by the scores and the metadata only, never by a decoded copy of the
 keys or values. `transient_bound` computes both. A codec that must decode before multiplying
 (Lloyd-Max TurboQuant) reads a decode step in blocks of its `decode_block` keys instead, bounded
@@ -114,6 +117,19 @@ def one_span_block(batch: int, n_q_heads: int, L: int, length: int, block: int =
     return block
 
 
+def kept_weight_rows(batch: int, n_q_heads: int, L: int, length: int, block: int = DEFAULT_BLOCK) -> int | None:
+    """Query rows per block of a prefill chunk whose weights are wanted (`collect`) over more than
+    one key block: as many rows as have their scores over all `length` keys within the score
+    bound, so that each block's exponentials are kept for the weights instead of computed again
+    in a second pass (exp is the costliest step of a block on CPU: ~13 ns per score, a 4-bit
+    dequantized block's matmul ~2). None (two passes) for one block, or when fewer than
+    MIN_SPAN_ROWS rows (or all L) would fit."""
+    if L == 1 or length <= block:
+        return None
+    rows = query_block(batch, n_q_heads, L, length)
+    return rows if rows >= min(L, MIN_SPAN_ROWS) else None
+
+
 def transient_bound(
     batch: int,
     n_q_heads: int,
@@ -125,10 +141,13 @@ def transient_bound(
     length: int = 0,
     decode_block: int | None = None,
     exact: int = 0,
+    weights: bool = False,
 ) -> int:
     """Bytes one attention call of L queries over `length` stored keys may hold beyond what the
     cache stores (see the module doc; a decode step read in `decode_block` blocks is bounded as
-    a prefill chunk's blocks are). `exact`: full-precision tokens the method keeps beside codes."""
+    a prefill chunk's blocks are). `exact`: full-precision tokens the method keeps beside codes.
+    `weights`: the call collects its weights, and a prefill chunk may keep one query block's
+    exponentials over all keys (`kept_weight_rows`; at most SCORE_ELEMENTS floats)."""
     io = batch * n_q_heads * L * (d + dv) * 4
     if L == 1 and decode_block is None:
         scores = batch * n_q_heads * max(1, length) * 4
@@ -138,6 +157,9 @@ def transient_bound(
     block = key_block(L, length, block, decode_block)
     rows = query_block(batch, n_q_heads, L, block)
     scores = batch * n_q_heads * rows * block * 4
+    kept = kept_weight_rows(batch, n_q_heads, L, length, block) if weights else None
+    if kept is not None:  # a query block's exponentials over every key, kept for its weights
+        scores += batch * n_q_heads * kept * length * 4
     kv_block = batch * n_kv_heads * block * (d + dv) * 4
     return PEAK_FACTOR * (scores + kv_block) + 4 * io
 
@@ -201,9 +223,10 @@ def blockwise_attention(
     q [B, Hkv, R, Lq, D] against keys [start, stop); value_fn(p, start, stop) -> [B, Hkv, R, Lq, Dv]
     is p @ values[start:stop]. `mask` is None, "causal" (queries are the last L positions), an
     array [.., L, length] (bool, or additive) or a MaskFn. `collect(probs, qs, qe, start, stop)`,
-    when given, receives the normalized weights [B, Hkv, R, Lq, n] (float32) of every block in a
-    second pass (eviction policies score tokens with them); in a decode step it is called once with
-    the scores of the single pass. `overlay` replaces some scores and weights of a
+    when given, receives the normalized weights [B, Hkv, R, Lq, n] (float32) of every block
+    (eviction policies score tokens with them): from the pass's own exponentials, rescaled once
+    the softmax sums are known, when a query block's fit the score bound (`kept_weight_rows`),
+    else from a second pass; in a decode step it is called once with the single pass's. `overlay` replaces some scores and weights of a
     block by exact ones (veloxd.kv.quant.window: the recent window). `decode_block`: see
     `key_block`. Returns [B, Hq, L, Dv] in the
     queries' dtype, or None when value_fn is None (weights only).
@@ -212,7 +235,8 @@ def blockwise_attention(
     block = key_block(L, length, block, decode_block)
     q_all = group_queries(queries * scale, n_kv_heads)  # [B, Hkv, R, L, D]
     mask_fn = as_mask_fn(mask, L, length)
-    rows = query_block(B, n_q, L, block)
+    kept_rows = None if collect is None else kept_weight_rows(B, n_q, L, length, block)
+    rows = kept_rows or query_block(B, n_q, L, block)
     causal = isinstance(mask, str)
 
     def values_of(p: mx.array, start: int, stop: int, qs: int, qe: int) -> mx.array:
@@ -239,12 +263,15 @@ def blockwise_attention(
             return (s if keep is None else mx.where(keep, s, -mx.inf)), keep
 
         running_max = denom = acc = None
+        kept: list[tuple[mx.array, mx.array]] = []  # (exponentials, the max they were taken against)
         for start, stop in spans:
             s, _ = scores_of(start, stop)
             block_max = s.max(axis=-1, keepdims=True)  # [B, Hkv, R, Lq, 1]
             new_max = block_max if running_max is None else mx.maximum(running_max, block_max)
             safe_max = mx.where(mx.isinf(new_max), 0.0, new_max)  # fully masked rows stay at 0
             p = mx.exp(s - safe_max)
+            if kept_rows is not None:
+                kept.append((p, safe_max))
             part = None if value_fn is None else values_of(p.astype(queries.dtype), start, stop, qs, qe)
             if running_max is None or denom is None:  # the first block (it sets both)
                 denom, acc = p.sum(axis=-1, keepdims=True), part
@@ -263,6 +290,9 @@ def blockwise_attention(
             inv = 1.0 / mx.maximum(denom, 1e-30)
             if len(spans) == 1:  # one pass: its weights are final (masked keys have exp(-inf) = 0)
                 collect(p * inv, qs, qe, *spans[0])
+            elif kept:  # each block's exponentials, brought to the final max (masked keys are 0)
+                for (start, stop), (p_block, max_then) in zip(spans, kept, strict=True):
+                    collect(p_block * (mx.exp(max_then - safe_max) * inv), qs, qe, start, stop)
             else:
                 for start, stop in spans:
                     s, keep = scores_of(start, stop)
