@@ -226,10 +226,10 @@ def blockwise_attention(
     when given, receives the normalized weights [B, Hkv, R, Lq, n] (float32) of every block
     (eviction policies score tokens with them): from the pass's own exponentials, rescaled once
     the softmax sums are known, when a query block's fit the score bound (`kept_weight_rows`),
-    else from a second pass; in a decode step it is called once with the single pass's. `overlay` replaces some scores and weights of a
-    block by exact ones (veloxd.kv.quant.window: the recent window). `decode_block`: see
-    `key_block`. Returns [B, Hq, L, Dv] in the
-    queries' dtype, or None when value_fn is None (weights only).
+    else from a second pass; in a decode step it is called once with the single pass's.
+    `overlay` replaces some scores and weights of a block by exact ones (veloxd.kv.quant.window:
+    the recent window). `decode_block`: see `key_block`. Returns [B, Hq, L, Dv] in the queries'
+    dtype, or None when value_fn is None (weights only).
     """
     B, n_q, L, _ = queries.shape
     block = key_block(L, length, block, decode_block)
