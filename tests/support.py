@@ -127,6 +127,12 @@ class Worker:
             drain.join(timeout)
 
 
+def eos_token_ids(model_dir: Path) -> list[int]:
+    """The end-of-sequence token ids a model's config names (a request can bias them away)."""
+    eos = json.loads((model_dir / "config.json").read_text())["eos_token_id"]
+    return eos if isinstance(eos, list) else [eos]
+
+
 def http_json(
     url: str, body: dict | None = None, headers: dict[str, str] | None = None, timeout: float = 60
 ) -> tuple[int, Any]:

@@ -8,17 +8,17 @@ hybrid's own batch class.
 
 from __future__ import annotations
 
+import http.client
 import json
 import shlex
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.fixtures.daemon_harness import DaemonHarness, entry
-from tests.support import BATCH_PREFIX, BATCH_RECORDER, free_port, http_json, wait_until
+from tests.support import BATCH_PREFIX, BATCH_RECORDER, eos_token_ids, free_port, http_json, wait_until
 from veloxd.kv.factory import cache_class
 
 LOAD_S = 240  # two model loads on two busy CPU cores
@@ -35,17 +35,23 @@ def chat(port: int, content: str) -> tuple[int, Any]:
     return http_json(f"http://127.0.0.1:{port}/v1/chat/completions", body, timeout=180)
 
 
-def chat_twice_at_once(port: int) -> list[tuple[int, Any]]:
-    """Two chat completions sent together (distinct prompts), as (status, reply) pairs."""
-    results: list[tuple[int, Any]] = []
-    threads = [
-        threading.Thread(target=lambda t=tag: results.append(chat(port, f"{t} {LONG_PROMPT}"))) for tag in ("a", "b")
-    ]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(240)
-    return results
+def chat_joining_a_stream(port: int, model_dir: Path) -> tuple[int, Any]:
+    """A second chat completion (12 tokens) asked while a first one streams: the first is read up
+    to its first token and dropped after the second's reply (the worker stops it: its client is
+    gone), its end-of-sequence tokens biased away so the tiny model cannot finish it first. Two
+    requests sent at once raced on a loaded machine (the first could end before the second came)."""
+    body = {"messages": [{"role": "user", "content": f"a {LONG_PROMPT}"}], "max_tokens": 2000, "stream": True}
+    body["logit_bias"] = {str(token): -1e9 for token in eos_token_ids(model_dir)}
+    first = http.client.HTTPConnection("127.0.0.1", port, timeout=180)
+    try:
+        first.request("POST", "/v1/chat/completions", json.dumps(body), {"Content-Type": "application/json"})
+        streaming = first.getresponse()
+        assert streaming.status == 200
+        while not (line := streaming.readline()).startswith(b"data: "):  # keepalives during the prefill
+            assert line, "the stream ended before its first token"
+        return chat(port, f"b {LONG_PROMPT}")
+    finally:
+        first.close()
 
 
 def batches(h: DaemonHarness, pid: int) -> list[dict[str, Any]]:
@@ -77,10 +83,9 @@ def test_hybrid_entries_serve_and_batch_through_the_daemon(tmp_path: Path, tiny_
             logged = h.events("server_ready", server=name)[-1]["ready"]
             assert logged["kv_memory"] == memory
 
-            results = chat_twice_at_once(server["port"])
-            assert [status for status, _ in results] == [200, 200], results
-            assert all(reply["usage"]["completion_tokens"] == 12 for _, reply in results), results
-            assert all(reply["object"] == "chat.completion" for _, reply in results)
+            status, reply = chat_joining_a_stream(server["port"], tiny_model)
+            assert status == 200 and reply["object"] == "chat.completion", reply
+            assert reply["usage"]["completion_tokens"] == 12, reply
 
             # the worker's stderr reaches the daemon's log through a reader thread: the move that
             # joined the second request may be logged just after the replies

@@ -5,12 +5,11 @@ from __future__ import annotations
 
 import http.client
 import json
-from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
-from tests.support import Worker, free_port, http_json, wait_until
+from tests.support import Worker, eos_token_ids, free_port, http_json, wait_until
 from veloxd.kv import registry
 from veloxd.kv.factory import cache_class
 
@@ -34,11 +33,6 @@ SETTINGS |= {h.name: ["--bits", "4", *SETTINGS[h.parts[0]]] for h in registry.HY
 # (snapkv: plus its decode window, which it re-compresses after).
 HELD_SLOTS = {"streaming_llm": 4 + 64 + 1, "knorm": 96 + 1, "snapkv": 96 + 16, "tova": 96 + 1, "h2o": 96 + 1}
 LONG_PROMPT = " ".join(f"item{i} = compute(item{i - 1}, {i})" for i in range(1, 60))
-
-
-def eos_token_ids(model_dir: Path) -> list[int]:
-    eos = json.loads((model_dir / "config.json").read_text())["eos_token_id"]
-    return eos if isinstance(eos, list) else [eos]
 
 
 def test_every_compressed_method_has_serve_settings():
