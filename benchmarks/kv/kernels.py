@@ -7,7 +7,8 @@ over the tokens). This measures each read form alone, at the speed benchmark's s
 - dense: a float32 matmul (what the fp16 cache and eviction slots read);
 - packed b-bit codes through `mx.quantized_matmul` (mlx_lm's QuantizedKVCache, affine, KIVI,
   uniform TurboQuant, QJL's 1-bit sketch), scores (`transpose=True`) and weighted sum;
-- packed b-bit codes decoded by `mx.dequantize` alone (what a prefill block does before a dense matmul);
+- packed b-bit codes decoded by `mx.dequantize` alone, and by veloxd's `ops.dequant` where it
+  unpacks with shifts instead (1, 3 and 6 bits): what a prefill block does before a dense matmul;
 - Lloyd-Max codes decoded by veloxd's fused kernel and multiplied densely, one 1024-key block at
   a time (veloxd.kv.ops.levels), as Lloyd-Max TurboQuant's decode step reads them.
 Medians of 100 calls after 3 warm-ups; each form interleaved with the others round by round.
@@ -28,6 +29,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from benchmarks.provenance import cpu_name
+from veloxd.kv.ops import dequant
 from veloxd.kv.ops.codebooks import codebook
 from veloxd.kv.ops.levels import LevelCodes
 
@@ -44,7 +46,7 @@ def forms(tokens: int) -> dict[str, Callable[[], mx.array]]:
         "dense scores": lambda: q @ dense.swapaxes(-1, -2),
         "dense weighted": lambda: p @ dense,
     }
-    for bits in (1, 2, 3, 4, 8):
+    for bits in (1, 2, 3, 4, 6, 8):
         codes = mx.random.randint(0, 2**bits, (KV_HEADS, tokens, DIM)).astype(mx.float32)
         packed, scales, biases = mx.quantize(codes, group_size=GROUP, bits=bits) if bits > 1 else _one_bit(codes)
         mx.eval(packed, scales, biases)
@@ -57,9 +59,13 @@ def forms(tokens: int) -> dict[str, Callable[[], mx.array]]:
 
         out[f"{bits}-bit quantized_matmul scores"] = scores
         out[f"{bits}-bit quantized_matmul weighted"] = weighted
-        if bits > 1:  # what a prefill block does instead: decode the codes, then multiply densely
-            out[f"{bits}-bit dequantize"] = lambda packed=packed, scales=scales, biases=biases, bits=bits: (
-                mx.dequantize(packed, scales, biases, group_size=GROUP, bits=bits)
+        # what a prefill block does instead: decode the codes, then multiply densely
+        out[f"{bits}-bit dequantize"] = lambda packed=packed, scales=scales, biases=biases, bits=bits: mx.dequantize(
+            packed, scales, biases, group_size=GROUP, bits=bits
+        )
+        if bits in dequant.SHIFTED:
+            out[f"{bits}-bit ops.dequant"] = lambda packed=packed, scales=scales, biases=biases, bits=bits: (
+                dequant.dequantize(packed, scales, biases, GROUP, bits)
             )
     for bits in (3, 4):
         lloyd = LevelCodes(codebook("lloyd_max", DIM, bits).levels, bits, DIM)

@@ -85,14 +85,15 @@ def measure(arms: list[Arm], contexts: tuple[int, ...], prefill_rounds: int = RO
     for _ in range(prefill_rounds):
         for a in arms:
             prefill_times[a.label].append(prefill_ms(model, a))
-    results = header(arms, {label: (statistics.median(t) if t else None) for label, t in prefill_times.items()})
+    medians = {label: (statistics.median(t) if t else None) for label, t in prefill_times.items()}
+    results = header(arms, medians, prefill_rounds)
     for context in contexts:
         results["decode_ms"][str(context)] = measure_context(model, arms, context)
         print(render(results), flush=True)  # each context's table as soon as it is measured
     return results
 
 
-def header(arms: list[Arm], prefill: dict[str, float | None]) -> dict[str, Any]:
+def header(arms: list[Arm], prefill: dict[str, float | None], prefill_rounds: int) -> dict[str, Any]:
     """A results dict before any decode context is measured."""
     return {
         "machine": cpu_name(),
@@ -103,6 +104,7 @@ def header(arms: list[Arm], prefill: dict[str, float | None]) -> dict[str, Any]:
         "steps": STEPS,
         "arms": [a.to_dict() for a in arms],
         "prefill_ms": prefill,
+        "prefill_rounds": prefill_rounds,
         "decode_ms": {},
     }
 
@@ -138,8 +140,9 @@ def render(results: dict[str, Any]) -> str:
     preload = results["blas_preload"] or "none"
     caption = (
         f"{results['machine']}, {results['cores']} cores, MLX {results['mlx']} CPU float32, LD_PRELOAD={preload}; "
-        f"median of {results['steps']} decode steps x {results['rounds']} interleaved rounds; "
-        "ratios are speed relative to fp16 / mlx_lm QuantizedKVCache 4-bit (> 1: faster)."
+        f"prefill: median of {results.get('prefill_rounds', results['rounds'])} interleaved rounds; "
+        + (f"decode: median of {results['steps']} steps x {results['rounds']} interleaved rounds; " if contexts else "")
+        + "ratios are speed relative to fp16 / mlx_lm QuantizedKVCache 4-bit (> 1: faster)."
     )
     return "\n".join([*lines, "", caption])
 

@@ -188,13 +188,14 @@ def test_speed_benchmark_written_caches_hold_the_context_and_decode() -> None:
 
 def test_kernel_rates_cover_every_read_form_and_render_against_dense() -> None:
     """`make bench-kernels` measures every read form (dense, quantized_matmul at 1-8 bits both ways,
-    dequantize, Lloyd-Max) and renders each scores/weighted rate relative to the dense read."""
+    dequantize and veloxd's shifts for the widths it unpacks, Lloyd-Max) and renders each scores/weighted rate relative to the dense read."""
     from benchmarks.kv import kernels
 
     rates = kernels.measure(1024)
-    for bits in (1, 2, 3, 4, 8):
+    for bits in (1, 2, 3, 4, 6, 8):
         assert {f"{bits}-bit quantized_matmul scores", f"{bits}-bit quantized_matmul weighted"} <= set(rates)
-    assert {"2-bit dequantize", "3-bit dequantize", "4-bit dequantize"} <= set(rates)
+    assert {"2-bit dequantize", "3-bit dequantize", "4-bit dequantize", "6-bit dequantize"} <= set(rates)
+    assert {"1-bit ops.dequant", "3-bit ops.dequant", "6-bit ops.dequant"} <= set(rates)
     assert {"3-bit Lloyd-Max decode + dense scores", "4-bit Lloyd-Max decode + dense weighted"} <= set(rates)
     assert all(ns > 0 for ns in rates.values()), rates
     table = kernels.render(rates, 1024)

@@ -10,7 +10,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from veloxd.kv.ops import bitpack, codebooks
+from veloxd.kv.ops import bitpack, codebooks, dequant
 from veloxd.kv.ops.levels import LevelCodes
 
 # 1: QJL's sign sketch and the sign plane of split Lloyd-Max codes; 2-8: the methods' `bits`
@@ -69,3 +69,23 @@ def test_lloyd_max_codes_read_back_as_their_levels(data: st.DataObject, bits: in
     arrays = layout.pack(mx.array(given_codes))
     assert sum(a.shape[-1] for a in arrays) * 32 == width * bits
     np.testing.assert_allclose(np.array(layout.levels(arrays)), levels[given_codes], rtol=1e-5, atol=1e-6)
+
+
+@PROPERTY
+@given(
+    data=st.data(),
+    bits=st.sampled_from((1, 2, 3, 4, 6, 8)),
+    group=st.sampled_from((32, 64, 128)),
+    dtype=st.sampled_from((mx.float16, mx.float32)),
+)
+def test_block_dequantize_equals_mlx_dequantize(data: st.DataObject, bits: int, group: int, dtype: mx.Dtype) -> None:
+    """ops.dequant (shifts and masks for 1, 3 and 6 bits) reads mx.quantize's triples to the last bit."""
+    lead = tuple(data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))  # quantize needs a matrix
+    n = group * data.draw(st.integers(1, 3))
+    seed = data.draw(st.integers(0, 2**32 - 1))
+    x = mx.random.normal((*lead, n), key=mx.random.key(seed)).astype(dtype)
+    codes, scales, biases = mx.quantize(x, group_size=group, bits=bits)
+    ours = dequant.dequantize(codes, scales, biases, group, bits)
+    theirs = mx.dequantize(codes, scales, biases, group_size=group, bits=bits)
+    assert ours.dtype == theirs.dtype == dtype and ours.shape == theirs.shape == x.shape
+    np.testing.assert_array_equal(np.array(ours.astype(mx.float32)), np.array(theirs.astype(mx.float32)))

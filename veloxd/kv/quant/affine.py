@@ -21,6 +21,7 @@ import mlx.core as mx
 from veloxd.kv.base import Batchable, LayerSpec, register_cache_class
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.ops.blockwise import per_kv_head
+from veloxd.kv.ops.dequant import dequantize
 from veloxd.kv.ops.hadamard import Rotation
 from veloxd.kv.quant.tokenbatch import TokenQuantBatchCache
 from veloxd.kv.quant.tokencache import TokenCodec, TokenQuantCache
@@ -52,7 +53,7 @@ def quantize_fp16(x: mx.array, group_size: int, bits: int) -> tuple[mx.array, mx
 def dequantized(triple: Sequence[mx.array], group_size: int, bits: int, dtype: mx.Dtype) -> mx.array:
     """Dense values of an mx.quantize triple in `dtype` (scales upcast first, as quantized_matmul reads them)."""
     codes, scales, biases = triple
-    return mx.dequantize(codes, scales.astype(dtype), biases.astype(dtype), group_size=group_size, bits=bits)
+    return dequantize(codes, scales.astype(dtype), biases.astype(dtype), group_size, bits)
 
 
 def packed_matmul(

@@ -24,6 +24,7 @@ from veloxd.kv.base import Batchable, LayerSpec, register_cache_class
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.ops import bitpack
 from veloxd.kv.ops.blockwise import per_kv_head
+from veloxd.kv.ops.dequant import dequantize
 from veloxd.kv.quant.affine import packed_matmul, quantize_fp16, reads_dense
 from veloxd.kv.quant.tokenbatch import TokenQuantBatchCache
 from veloxd.kv.quant.tokencache import TokenCodec, TokenQuantCache
@@ -69,9 +70,9 @@ class SignSketch:
         return _broadcast_constant(2.0, shape, dtype), _broadcast_constant(-1.0, shape, dtype)
 
     def unpacked(self, signs: mx.array, dtype: mx.Dtype) -> mx.array:
-        """±1 [B, Hkv, n, m] of one block's packed signs (native dequantize; one block's copy)."""
+        """±1 [B, Hkv, n, m] of one block's packed signs (one block's copy)."""
         scales, biases = self._affine_form(signs, dtype)
-        return mx.dequantize(signs, scales, biases, group_size=self.group, bits=1)
+        return dequantize(signs, scales, biases, self.group, 1)
 
     def inner(self, projected: mx.array, signs: mx.array, dense: bool) -> mx.array:
         """<S q, sign(S x)>: projected [B, Hkv, R, L, m], signs [B, Hkv, n, m/32] -> [B, Hkv, R, L, n]."""

@@ -35,6 +35,7 @@ from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.ops import bitpack
 from veloxd.kv.ops.blockwise import per_kv_head
 from veloxd.kv.ops.codebooks import codebook
+from veloxd.kv.ops.dequant import dequantize
 from veloxd.kv.ops.hadamard import Rotation
 from veloxd.kv.ops.levels import LevelCodes
 from veloxd.kv.quant.affine import reads_dense
@@ -88,7 +89,7 @@ class Part:
             return self.lloyd.block_levels([store[f] for f in self.fields], dtype)
         packed = store[self.fields[0]]
         scales, biases, group = self._affine_form(packed, dtype)
-        return mx.dequantize(packed, scales, biases, group_size=group, bits=self.bits)  # [B, Hkv, n, width]
+        return dequantize(packed, scales, biases, group, self.bits)  # [B, Hkv, n, width]
 
     def _affine_form(self, packed: mx.array, dtype: mx.Dtype) -> tuple[mx.array, mx.array, int]:
         """Evenly spaced levels are affine in the code: (scales = step, biases = lowest level, group
