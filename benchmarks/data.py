@@ -12,8 +12,12 @@ import sysconfig
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 HELD_OUT_PERCENT = 3
 PASS_KEY_INTRO = "The pass key is {key}. Remember it. {key} is the pass key."
@@ -74,7 +78,7 @@ class TokenizedCorpus:
         return int(sum(len(d) for d in self.docs))
 
 
-def tokenize(tokenizer, docs: list[tuple[str, str]]) -> TokenizedCorpus:
+def tokenize(tokenizer: Tokenizer, docs: list[tuple[str, str]]) -> TokenizedCorpus:
     encoded = tokenizer.encode_batch([text for _, text in docs])
     arrays = [np.asarray(e.ids, dtype=np.int32) for e in encoded]
     return TokenizedCorpus([n for n, _ in docs], arrays)

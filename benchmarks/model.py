@@ -43,7 +43,7 @@ def model_path(explicit: str | Path | None = None) -> Path:
 def load(path: Path) -> BenchModel:
     from mlx_lm import load as mlx_load
 
-    model, tokenizer = mlx_load(str(path))
+    model, tokenizer = mlx_load(str(path))[:2]  # (model, tokenizer): the config comes only with return_config
     model.set_dtype(mx.float32)  # CPU: float16 matmuls are far slower than float32
     mx.eval(model.parameters())
     return BenchModel(path.name, path, model, tokenizer)  # the shipped model's directory is tiny-llama
@@ -68,7 +68,7 @@ def with_outlier_keys(
     """A second, function-preserving copy of the model whose keys have outlier channels."""
     from mlx_lm import load as mlx_load
 
-    model, tokenizer = mlx_load(str(bench.path))
+    model, tokenizer = mlx_load(str(bench.path))[:2]
     model.set_dtype(mx.float32)
     for layer in model.layers:
         attn = layer.self_attn

@@ -6,6 +6,7 @@ import datetime
 import hashlib
 import os
 import platform
+from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -18,6 +19,15 @@ def cpu_name() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
+
+
+def mlx_version() -> str:
+    """The installed MLX version, read from its distribution as veloxd does (mlx.core has no typed
+    `__version__`); "?" when the distribution's metadata is missing."""
+    try:
+        return metadata.version("mlx")
+    except metadata.PackageNotFoundError:
+        return "?"
 
 
 def file_digest(path: Path) -> str:
@@ -36,7 +46,7 @@ def provenance(model_path: Path | None = None) -> dict[str, Any]:
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "machine": f"{cpu_name()}, {os.cpu_count()} cores ({platform.system()} {platform.machine()})",
         "shared_cores": True,
-        "mlx": mx.__version__,
+        "mlx": mlx_version(),
         "mlx_lm": mlx_lm.__version__,
         "device": str(mx.default_device()),
         "blas_preload": os.environ.get("LD_PRELOAD", ""),

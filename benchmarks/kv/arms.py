@@ -36,11 +36,15 @@ class Arm:
         if self.method == PEER:
             from mlx_lm.models.cache import QuantizedKVCache
 
+            if self.bits is None:
+                raise ValueError(f"arm {self.label!r}: the {PEER} peer needs a bit width")
             # Built directly so it is quantized from token 0 (mlx_lm's quantized_kv_start skips that).
             return [QuantizedKVCache(group_size=64, bits=self.bits) for _ in model.layers]
         from veloxd.kv import make_caches
 
-        return make_caches(model, self.config())
+        config = self.config()
+        assert config is not None  # only the peer has no veloxd config, and it returned above
+        return make_caches(model, config)
 
     def to_dict(self) -> dict[str, Any]:
         return {

@@ -28,7 +28,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from benchmarks.provenance import cpu_name
+from benchmarks.provenance import cpu_name, mlx_version
 from veloxd.kv.ops import dequant
 from veloxd.kv.ops.codebooks import codebook
 from veloxd.kv.ops.levels import LevelCodes
@@ -51,32 +51,47 @@ def forms(tokens: int) -> dict[str, Callable[[], mx.array]]:
         packed, scales, biases = mx.quantize(codes, group_size=GROUP, bits=bits) if bits > 1 else _one_bit(codes)
         mx.eval(packed, scales, biases)
 
-        def scores(packed=packed, scales=scales, biases=biases, bits=bits) -> mx.array:
+        # The default arguments bind this iteration's arrays and width (the loop rebinds the names).
+        def scores(
+            packed: mx.array = packed, scales: mx.array = scales, biases: mx.array = biases, bits: int = bits
+        ) -> mx.array:
             return mx.quantized_matmul(q, packed, scales, biases, transpose=True, group_size=GROUP, bits=bits)
 
-        def weighted(packed=packed, scales=scales, biases=biases, bits=bits) -> mx.array:
+        def weighted(
+            packed: mx.array = packed, scales: mx.array = scales, biases: mx.array = biases, bits: int = bits
+        ) -> mx.array:
             return mx.quantized_matmul(p, packed, scales, biases, transpose=False, group_size=GROUP, bits=bits)
+
+        # what a prefill block does instead: decode the codes, then multiply densely
+        def dequantize(
+            packed: mx.array = packed, scales: mx.array = scales, biases: mx.array = biases, bits: int = bits
+        ) -> mx.array:
+            return mx.dequantize(packed, scales, biases, group_size=GROUP, bits=bits)
 
         out[f"{bits}-bit quantized_matmul scores"] = scores
         out[f"{bits}-bit quantized_matmul weighted"] = weighted
-        # what a prefill block does instead: decode the codes, then multiply densely
-        out[f"{bits}-bit dequantize"] = lambda packed=packed, scales=scales, biases=biases, bits=bits: mx.dequantize(
-            packed, scales, biases, group_size=GROUP, bits=bits
-        )
+        out[f"{bits}-bit dequantize"] = dequantize
         if bits in dequant.SHIFTED:
-            out[f"{bits}-bit ops.dequant"] = lambda packed=packed, scales=scales, biases=biases, bits=bits: (
-                dequant.dequantize(packed, scales, biases, GROUP, bits)
-            )
+
+            def shifted_dequantize(
+                packed: mx.array = packed, scales: mx.array = scales, biases: mx.array = biases, bits: int = bits
+            ) -> mx.array:
+                return dequant.dequantize(packed, scales, biases, GROUP, bits)
+
+            out[f"{bits}-bit ops.dequant"] = shifted_dequantize
     for bits in (3, 4):
         lloyd = LevelCodes(codebook("lloyd_max", DIM, bits).levels, bits, DIM)
         arrays = lloyd.pack(mx.random.randint(0, 2**bits, (1, KV_HEADS, tokens, DIM)).astype(mx.uint32))
         mx.eval(arrays)
-        out[f"{bits}-bit Lloyd-Max decode + dense scores"] = _blocked(
-            lambda a, lloyd=lloyd: lloyd.dot(q[None, :, :, None], a), arrays, tokens
-        )
-        out[f"{bits}-bit Lloyd-Max decode + dense weighted"] = _blocked(
-            lambda a, lloyd=lloyd, p=p: lloyd.weighted(p[None, :, :, None, : a[0].shape[2]], a), arrays, tokens
-        )
+
+        def lloyd_scores(a: list[mx.array], lloyd: LevelCodes = lloyd) -> mx.array:
+            return lloyd.dot(q[None, :, :, None], a)
+
+        def lloyd_weighted(a: list[mx.array], lloyd: LevelCodes = lloyd) -> mx.array:
+            return lloyd.weighted(p[None, :, :, None, : a[0].shape[2]], a)
+
+        out[f"{bits}-bit Lloyd-Max decode + dense scores"] = _blocked(lloyd_scores, arrays, tokens)
+        out[f"{bits}-bit Lloyd-Max decode + dense weighted"] = _blocked(lloyd_weighted, arrays, tokens)
     return out
 
 
@@ -130,7 +145,7 @@ def render(rates: dict[str, float], tokens: int) -> str:
     preload = os.environ.get("LD_PRELOAD", "") or "none"
     lines += [
         "",
-        f"{cpu_name()}, {os.cpu_count()} cores, MLX {mx.__version__} {mx.default_device()}, LD_PRELOAD={preload}",
+        f"{cpu_name()}, {os.cpu_count()} cores, MLX {mlx_version()} {mx.default_device()}, LD_PRELOAD={preload}",
     ]
     return "\n".join(lines)
 
@@ -143,7 +158,7 @@ def main(argv: list[str] | None = None) -> None:
     rates = measure(args.tokens)
     print(render(rates, args.tokens), flush=True)
     if args.json:
-        payload = {"tokens": args.tokens, "machine": cpu_name(), "mlx": mx.__version__, "ns_per_element": rates}
+        payload = {"tokens": args.tokens, "machine": cpu_name(), "mlx": mlx_version(), "ns_per_element": rates}
         payload["blas_preload"] = os.environ.get("LD_PRELOAD", "")
         args.json.write_text(json.dumps(payload, indent=2) + "\n")
 

@@ -49,7 +49,9 @@ def state_bytes_fp16(caches: list[Any]) -> int:
     total = 0
     for cache in caches:
         held = held_rows(cache)
-        for _, array in tree_flatten(cache.state):
+        leaves = tree_flatten(cache.state)
+        assert isinstance(leaves, list)  # without a destination, tree_flatten returns [(path, leaf), ...]
+        for _, array in leaves:
             if isinstance(array, mx.array):
                 if held is not None and array.ndim == 4:
                     array = array[..., :held, :]  # (B, H, held, D or packed D): the tokens, not the slack

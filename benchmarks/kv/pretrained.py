@@ -16,16 +16,26 @@ import json
 import time
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, NotRequired, TypedDict
 
 from benchmarks.data import PassKey, documents, long_held_out, tokenize
 from benchmarks.kv import arms as arm_defs
 from benchmarks.kv.passkey import accuracy_by_depth, trials
-from benchmarks.kv.quality import make_logger, measure_context, rows_for, write
+from benchmarks.kv.quality import Log, make_logger, measure_context, rows_for, write
 from benchmarks.model import BenchModel, load
 from benchmarks.paths import RESULTS
 from benchmarks.provenance import provenance
 from testkit import pretrained
+
+
+class PasskeyPlan(TypedDict):
+    """The pass-key trials of a run: prompt length, needle depths, keys per depth and arms."""
+
+    length: int  # prompt tokens
+    depths: tuple[float, ...]
+    keys: int  # trials per depth
+    arms: NotRequired[tuple[str, ...]]  # default PASSKEY_ARMS
+
 
 NAME = "smollm2-135m"
 QUANTIZERS = (
@@ -48,9 +58,9 @@ ARMS = {1024: QUANTIZERS + ("affine-2", "kivi-2", "snapkv-256", "streaming_llm-2
 QUICK_ARMS = {1024: ("fp16", "mlx-q3", "mlx-q4", "affine-4", "turboquant_mse-3-k4-w16", "turboquant_mse-2-k4-w16")}
 DOCS = {1024: 1, 4096: 1}  # a 1k prefill of this model: ~45 s of CPU (OpenBLAS, float32)
 DECODE = 24  # teacher-forced steps per document
-PASSKEY = {"length": 1024, "depths": (0.1, 0.5, 0.9), "keys": 1}
+PASSKEY: PasskeyPlan = {"length": 1024, "depths": (0.1, 0.5, 0.9), "keys": 1}
 PASSKEY_ARMS = ("fp16", "mlx-q4", "affine-4", "kivi-4", "turboquant_mse-3", "snapkv-256")
-QUICK_PASSKEY = {"length": 1024, "depths": (0.5,), "keys": 1, "arms": PASSKEY_ARMS[:3]}
+QUICK_PASSKEY: PasskeyPlan = {"length": 1024, "depths": (0.5,), "keys": 1, "arms": PASSKEY_ARMS[:3]}
 MIN_REFERENCE_PASSKEY = 0.5  # as kv.py: below this fp16 accuracy, methods are not pass-key tested
 
 
@@ -65,7 +75,7 @@ def chosen_arms(context: int, labels: tuple[str, ...]) -> tuple[list[arm_defs.Ar
     return [a for a in arms if a.label in labels], unavailable
 
 
-def passkey_rows(bench: BenchModel, plan: dict[str, Any], filler: list[Any], log) -> list[dict[str, Any]]:
+def passkey_rows(bench: BenchModel, plan: PasskeyPlan, filler: list[Any], log: Log) -> list[dict[str, Any]]:
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(bench.path / "tokenizer.json"))

@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -28,6 +28,12 @@ from benchmarks.provenance import provenance
 
 PASSKEY_RESERVE_S = 120.0  # kept back for the pass-key trials when planning long contexts
 MIN_REFERENCE_PASSKEY = 0.5  # below this fp16 accuracy, methods are not pass-key tested
+
+
+class Log(Protocol):
+    """What make_logger returns: prints one JSON event line with `fields`."""
+
+    def __call__(self, event: str, **fields: Any) -> None: ...
 
 
 @dataclass(frozen=True)
@@ -45,7 +51,7 @@ class Plan:
 
     @classmethod
     def full(cls) -> Plan:
-        at_4k = (
+        at_4k: tuple[str, ...] = (
             "fp16",
             "mlx-q2",
             "mlx-q4",
@@ -121,7 +127,7 @@ def measure_context(
     arms: list[arm_defs.Arm],
     windows: list[np.ndarray],
     prompt_len: int,
-    log,
+    log: Log,
     deadline: float = float("inf"),
 ) -> dict[str, dict[str, Samples]]:
     """{variant: {arm label: Samples}}; fp16 must be the first arm (it is the reference).
@@ -178,12 +184,17 @@ def rows_for(results: dict[str, dict[str, Samples]], arms: list[arm_defs.Arm], c
 
 
 def passkey_rows(
-    variants: list[BenchModel], arms: list[arm_defs.Arm], plan: Plan, filler: list[np.ndarray], passkey: PassKey, log
-) -> list[dict]:
+    variants: list[BenchModel],
+    arms: list[arm_defs.Arm],
+    plan: Plan,
+    filler: list[np.ndarray],
+    passkey: PassKey,
+    log: Log,
+) -> list[dict[str, Any]]:
     length = plan.passkey_length
     cases = trials(passkey, filler, length, plan.passkey_depths, plan.passkey_keys)
     chosen = [a for a in arms if a.label == "fp16" or a.family in ("eviction", "hybrid") or a.bits == 2]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for variant in variants:
         for arm in chosen:
             reference = next((r for r in rows if r["label"] == "fp16" and r["variant"] == variant.name), None)
@@ -212,7 +223,7 @@ def estimated_cost(cost: dict[int, float], context: int) -> float | None:
     return cost[measured] * (context / measured) ** 1.5
 
 
-def make_logger(started: float):
+def make_logger(started: float) -> Log:
     def log(event: str, **fields: Any) -> None:
         print(json.dumps({"event": event, "t": round(time.time() - started, 1), **fields}), flush=True)
 
@@ -302,7 +313,9 @@ def main(argv: list[str] | None = None) -> int:
         write(report, args.out)
     extra = plan.optional_context
     if extra and cost:
-        estimate = estimated_cost(cost, extra) * len(plan.subsets.get(extra, ())) * plan.docs[extra]
+        per_run = estimated_cost(cost, extra)
+        assert per_run is not None  # only None without measured contexts, and `cost` has some
+        estimate = per_run * len(plan.subsets.get(extra, ())) * plan.docs[extra]
         remaining = plan.budget_minutes * 60 - (time.time() - started)
         log("optional_context_planned", context=extra, estimate_s=round(estimate), remaining_s=round(remaining))
         if estimate < remaining:

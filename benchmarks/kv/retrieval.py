@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 import time
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ import numpy as np
 from benchmarks.data import PassKey, TokenizedCorpus, documents, long_held_out, tokenize
 from benchmarks.kv import arms as arm_defs
 from benchmarks.kv.passkey import answer_token_hits, trials
-from benchmarks.kv.quality import make_logger, write
+from benchmarks.kv.quality import Log, make_logger, write
 from benchmarks.model import ASSET, load
 from benchmarks.paths import RESULTS
 from benchmarks.provenance import provenance
@@ -96,8 +97,8 @@ def run(
     keys: dict[int, int],
     labels: tuple[str, ...] = (),
     depths: dict[int, tuple[float, ...]] | None = None,
-    log=None,
-    progress=None,
+    log: Log | None = None,
+    progress: Callable[[dict[str, Any]], None] | None = None,
     done: list[dict] | None = None,
 ) -> dict[str, Any]:
     """{"rows": [...], "unavailable": {...}}: one row per (arm, context); `labels` restricts the arms;
@@ -164,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     keys = {c: args.keys or KEYS_PER_DEPTH.get(c, 1) for c in contexts}
     bench_model, passkey, held_out = load_inputs(args.model)
     labels = arm_defs.chosen(args.arms)
-    header = {
+    header: dict[str, Any] = {
         "provenance": provenance(args.model),
         "plan": {"contexts": contexts, "depths": DEPTHS_AT, "keys_per_depth": keys, "fractions": FRACTIONS},
     }

@@ -30,7 +30,7 @@ from benchmarks.kv.arms import Arm
 from benchmarks.kv.speed_model import arms as all_arms
 from benchmarks.kv.speed_model import batched, build_model, filled, prefill, tokens
 from benchmarks.paths import RESULTS as RESULTS_DIR
-from benchmarks.provenance import cpu_name
+from benchmarks.provenance import cpu_name, mlx_version
 
 CONTEXTS = (2048, 8192, 32768)
 QUICK_CONTEXTS = (2048, 8192)
@@ -99,7 +99,7 @@ def header(arms: list[Arm], prefill: dict[str, float | None], prefill_rounds: in
         "machine": cpu_name(),
         "cores": os.cpu_count(),
         "blas_preload": os.environ.get("LD_PRELOAD", ""),
-        "mlx": getattr(mx, "__version__", "?"),
+        "mlx": mlx_version(),
         "rounds": ROUNDS,
         "steps": STEPS,
         "arms": [a.to_dict() for a in arms],

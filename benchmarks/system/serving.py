@@ -64,6 +64,7 @@ class Server:
         threading.Thread(target=self._read, daemon=True).start()
 
     def _read(self) -> None:
+        assert self.proc.stdout is not None  # Popen(stdout=PIPE) always gives a pipe
         for line in self.proc.stdout:
             if line.startswith("VELOXD_READY ") and self.ready_at is None:
                 self.ready_at = time.perf_counter() - self.started

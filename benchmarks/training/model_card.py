@@ -43,7 +43,8 @@ def late_identifier_recall(nll_windows: list[tuple[np.ndarray, np.ndarray]], spl
 
     A model that uses long context predicts repeated identifiers far better than new ones.
     """
-    seen, unseen = [], []
+    seen: list[float] = []
+    unseen: list[float] = []
     for window, nll in nll_windows:
         early = set(window[:split].tolist())
         for position in range(split, len(window) - 1):

@@ -39,7 +39,7 @@ def worst_cell(passkey: dict[str, dict[str, Any]]) -> float:
 
 def stage_records(training: dict) -> list[dict]:
     """The training records from the first stage to the last (a fine-tune nests what it started from)."""
-    chain = []
+    chain: list[dict] = []
     record: dict | None = training
     while record:
         chain.insert(0, record)

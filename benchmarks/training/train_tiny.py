@@ -15,6 +15,7 @@ import platform
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -24,7 +25,11 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models import llama
 
 from benchmarks.data import PassKey, TokenizedCorpus, TrainingStream, documents, tokenize
+from benchmarks.provenance import mlx_version
 from testkit.tinymodel import write_tokenizer
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 # (fraction of the run at which the phase starts, context length, induction-warm-up data);
 # batch tokens stay constant.
@@ -68,7 +73,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def train_tokenizer(out: Path, docs: list[tuple[str, str]], vocab_size: int):
+def train_tokenizer(out: Path, docs: list[tuple[str, str]], vocab_size: int) -> Tokenizer:
     """Byte-level BPE on the training split, with veloxd's special tokens and chat template."""
     return write_tokenizer(out, vocab_size, (text for _, text in docs))
 
@@ -155,11 +160,15 @@ class Trainer:
 
     def load_checkpoint(self, path: Path) -> int:
         self.model.load_weights(str(path / "weights.safetensors"))
-        self.optimizer.state = tree_unflatten(list(mx.load(str(path / "optimizer.safetensors")).items()))
+        state = mx.load(str(path / "optimizer.safetensors"))
+        assert isinstance(state, dict)  # a .safetensors file loads as {name: array}
+        self.optimizer.state = tree_unflatten(list(state.items()))
         return json.loads((path / "step.json").read_text())["step"]
 
     def save_fp16(self, out: Path) -> None:
-        weights = {k: v.astype(mx.float16) for k, v in tree_flatten(self.model.parameters())}
+        parameters = tree_flatten(self.model.parameters())
+        assert isinstance(parameters, list)  # without a destination, tree_flatten returns [(path, leaf), ...]
+        weights = {k: v.astype(mx.float16) for k, v in parameters}
         mx.save_safetensors(str(out / "model.safetensors"), weights, metadata={"format": "mlx"})
 
 
@@ -213,7 +222,7 @@ def finish(out: Path, summary: dict, history: list[dict], step: int, since: tupl
         "total_minutes": round((time.time() - started) / 60, 2),
         "machine": f"{platform.machine()} {platform.system()}, {os.cpu_count()} cores (shared)",
         "blas_preload": os.environ.get("LD_PRELOAD", ""),
-        "mlx": mx.__version__,
+        "mlx": mlx_version(),
         "history": history,
     }
     (out / "training.json").write_text(json.dumps(record, indent=2) + "\n")

@@ -79,13 +79,17 @@ def test_lloyd_max_codes_read_back_as_their_levels(data: st.DataObject, bits: in
     dtype=st.sampled_from((mx.float16, mx.float32)),
 )
 def test_block_dequantize_equals_mlx_dequantize(data: st.DataObject, bits: int, group: int, dtype: mx.Dtype) -> None:
-    """ops.dequant (shifts and masks for 1, 3 and 6 bits) reads mx.quantize's triples to the last bit."""
+    """ops.dequant reads mx.quantize's triples to the last bit: its shifts and masks at every width
+    (the CPU's path for 1, 3 and 6 bits, on whatever device runs the test), and its dispatch."""
     lead = tuple(data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=3)))  # quantize needs a matrix
     n = group * data.draw(st.integers(1, 3))
     seed = data.draw(st.integers(0, 2**32 - 1))
     x = mx.random.normal((*lead, n), key=mx.random.key(seed)).astype(dtype)
     codes, scales, biases = mx.quantize(x, group_size=group, bits=bits)
-    ours = dequant.dequantize(codes, scales, biases, group, bits)
     theirs = mx.dequantize(codes, scales, biases, group_size=group, bits=bits)
-    assert ours.dtype == theirs.dtype == dtype and ours.shape == theirs.shape == x.shape
-    np.testing.assert_array_equal(np.array(ours.astype(mx.float32)), np.array(theirs.astype(mx.float32)))
+    for ours in (
+        dequant.shifted(codes, scales, biases, group, bits),
+        dequant.dequantize(codes, scales, biases, group, bits),
+    ):
+        assert ours.dtype == theirs.dtype == dtype and ours.shape == theirs.shape == x.shape
+        np.testing.assert_array_equal(np.array(ours.astype(mx.float32)), np.array(theirs.astype(mx.float32)))
