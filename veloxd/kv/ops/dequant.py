@@ -1,7 +1,7 @@
 """Dense values of MLX-packed affine codes (a prefill block's copy), fast at every width.
 
 `mx.dequantize` on CPU unpacks 2, 4 and 8-bit codes at ~2 ns per element but 3 and 6-bit codes,
-which straddle bytes, at 10-16 ns, and 1-bit ones at ~3.4 (`make bench-kernels`). Those widths are
+which straddle bytes, at 10-26 ns, and 1-bit ones at ~4 (`make bench-kernels`). Those widths are
 unpacked here with shifts and masks instead (~2-3 ns): a 3-byte unit holds 8 codes of 3 bits or 4
 of 6, and 32 codes of 1 bit fill a word. Same layout (MLX's little-endian bit stream, which
 `veloxd.kv.ops.bitpack` also writes), same result to the last bit. Not compiled: a compiled
@@ -18,7 +18,7 @@ UNIT_BYTES = 3  # 24 bits: a whole number of 3-bit and 6-bit codes
 SHIFTED = (1, 3, 6)  # widths unpacked here; the others are faster through mx.dequantize
 
 
-def _codes(packed: mx.array, bits: int) -> mx.array:
+def unpack_codes(packed: mx.array, bits: int) -> mx.array:
     """uint32 codes [..., n] of packed uint32 words [..., n * bits / 32]."""
     lead = packed.shape[:-1]
     if 32 % bits == 0:
@@ -44,6 +44,6 @@ def shifted(codes: mx.array, scales: mx.array, biases: mx.array, group_size: int
     if 32 % bits and 24 % bits:
         raise ValueError(f"{bits}-bit codes straddle 24-bit units: use mx.dequantize")
     lead = codes.shape[:-1]
-    values = _codes(codes, bits).astype(scales.dtype)
+    values = unpack_codes(codes, bits).astype(scales.dtype)
     grouped = values.reshape(*lead, -1, group_size)  # [..., groups, group_size]
     return (grouped * scales[..., None] + biases[..., None]).reshape(*lead, -1)  # [..., n]

@@ -23,6 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 from veloxd.kv.ops import bitpack
+from veloxd.kv.ops.dequant import unpack_codes
 
 CHUNKS = (1024, 256)  # full chunks of the first size, the tail in (padded) chunks of the second
 MIN_CHUNK = 32  # smallest padded chunk: the compiled shapes stay a small fixed set
@@ -51,9 +52,7 @@ def magnitude_coefficients(levels: np.ndarray) -> tuple[float, ...]:
 
 def _unpack(packed: mx.array, bits: int) -> mx.array:
     """Codes as float32 [..., W * 32/bits] from packed words [..., W]; bits divides 32 (no straddling)."""
-    shifts = mx.arange(0, 32, bits, dtype=mx.uint32)
-    codes = (packed[..., None] >> shifts) & (2**bits - 1)  # [..., W, 32/bits]
-    return codes.reshape(*packed.shape[:-1], -1).astype(mx.float32)
+    return unpack_codes(packed, bits).astype(mx.float32)
 
 
 @cache
