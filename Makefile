@@ -106,11 +106,14 @@ bench-quick: $(BENCH_STAMP)
 bench-kv: $(BENCH_STAMP)
 	$(BLAS_ENV) $(PY) -m benchmarks.kv.quality
 
-# Decode (2k, 8k, 32k; single and 4 batched) and prefill of every cache beside fp16 and mlx_lm's
-# 4-bit cache (~45 min), then cold start beside mlx_lm.server (bench-coldstart, ~2 min).
+# Decode (2k, 8k, 32k; single and 4 batched) of every cache beside fp16 and mlx_lm's 4-bit cache
+# (~45 min), prefill (9 rounds, ~7 min), cold start beside mlx_lm.server (9 rounds, ~3 min); then
+# docs/results.md's speed summary is regenerated from the three files.
 bench-speed: $(BENCH_STAMP)
-	$(BLAS_ENV) $(PY) -m benchmarks.kv.speed --json
-	$(BLAS_ENV) $(PY) -m benchmarks.system.coldstart --rounds 5 --json benchmarks/results/coldstart.json
+	$(BLAS_ENV) $(PY) -m benchmarks.kv.speed --json --no-prefill
+	$(BLAS_ENV) $(PY) -m benchmarks.kv.speed --no-decode --prefill-rounds 9 --out benchmarks/results/speed_prefill.json
+	$(BLAS_ENV) $(PY) -m benchmarks.system.coldstart --rounds 9 --json benchmarks/results/coldstart.json
+	$(PY) -m benchmarks.docs.speed_section
 
 # What one decode read costs per stored element in each of MLX's kernels (dense, quantized_matmul at
 # 1-8 bits, Lloyd-Max decode): the measured reason behind bench-speed's ratios (~1 min).

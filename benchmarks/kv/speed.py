@@ -48,10 +48,11 @@ def decode_step_ms(model: Any, caches: list[Any], token: mx.array) -> float:
     return (time.perf_counter() - start) * 1000
 
 
-def prefill_ms(model: Any, arm: Arm) -> float:
-    """Milliseconds of one 512-token chunk after a 1024-token prompt."""
+def prefill_ms(model: Any, arm: Arm, prompt: int = PREFILL_PROMPT) -> float:
+    """Milliseconds of one 512-token chunk after a `prompt`-token prompt."""
     caches = arm.make_caches(model)
-    prefill(model, caches, tokens(PREFILL_PROMPT))
+    if prompt:
+        prefill(model, caches, tokens(prompt))
     chunk = tokens(PREFILL_CHUNK, seed=3)
     start = time.perf_counter()
     prefill(model, caches, chunk, PREFILL_CHUNK)
@@ -78,15 +79,18 @@ def measure_context(model: Any, arms: list[Arm], context: int) -> dict[str, dict
     }
 
 
-def measure(arms: list[Arm], contexts: tuple[int, ...], prefill_rounds: int = ROUNDS) -> dict[str, Any]:
+def measure(
+    arms: list[Arm], contexts: tuple[int, ...], prefill_rounds: int = ROUNDS, prefill_prompt: int = PREFILL_PROMPT
+) -> dict[str, Any]:
     """Prefill (`prefill_rounds` interleaved rounds; 0: none), then decode at each context."""
     model = build_model()
     prefill_times: dict[str, list[float]] = {a.label: [] for a in arms}
     for _ in range(prefill_rounds):
         for a in arms:
-            prefill_times[a.label].append(prefill_ms(model, a))
+            prefill_times[a.label].append(prefill_ms(model, a, prefill_prompt))
     medians = {label: (statistics.median(t) if t else None) for label, t in prefill_times.items()}
     results = header(arms, medians, prefill_rounds)
+    results["prefill_prompt"] = prefill_prompt
     for context in contexts:
         results["decode_ms"][str(context)] = measure_context(model, arms, context)
         print(render(results), flush=True)  # each context's table as soon as it is measured
@@ -138,9 +142,11 @@ def render(results: dict[str, Any]) -> str:
                 ]
         lines.append("| " + " | ".join(row) + " |")
     preload = results["blas_preload"] or "none"
+    prefill_rounds = results.get("prefill_rounds", results["rounds"])
+    prompt = results.get("prefill_prompt", PREFILL_PROMPT)
     caption = (
         f"{results['machine']}, {results['cores']} cores, MLX {results['mlx']} CPU float32, LD_PRELOAD={preload}; "
-        f"prefill: median of {results.get('prefill_rounds', results['rounds'])} interleaved rounds; "
+        + (f"prefill after {prompt} tokens: median of {prefill_rounds} interleaved rounds; " if prefill_rounds else "")
         + (f"decode: median of {results['steps']} steps x {results['rounds']} interleaved rounds; " if contexts else "")
         + "ratios are speed relative to fp16 / mlx_lm QuantizedKVCache 4-bit (> 1: faster)."
     )
@@ -156,6 +162,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-prefill", action="store_true", help="skip the 512-token prefill timing")
     parser.add_argument("--prefill-rounds", type=int, default=ROUNDS, help="interleaved prefill rounds (median)")
     parser.add_argument("--no-decode", action="store_true", help="prefill only (no decode context)")
+    parser.add_argument(
+        "--prefill-prompt", type=int, default=PREFILL_PROMPT, help="tokens cached before the timed prefill chunk"
+    )
     parser.add_argument("--arms", default="", help="comma-separated arm labels (fp16 and mlx-q4 always run)")
     args = parser.parse_args(argv)
     arms = all_arms()
@@ -174,7 +183,8 @@ def main(argv: list[str] | None = None) -> None:
         contexts = ()
         if args.no_prefill:
             parser.error("--no-decode with --no-prefill measures nothing")
-    results = measure(arms, contexts, prefill_rounds=0 if args.no_prefill else args.prefill_rounds)
+    rounds = 0 if args.no_prefill else args.prefill_rounds
+    results = measure(arms, contexts, prefill_rounds=rounds, prefill_prompt=args.prefill_prompt)
     if not contexts:
         print(render(results), flush=True)
     out = args.out or (RESULTS if args.json else None)
