@@ -12,7 +12,7 @@ import hashlib
 from pathlib import Path
 
 from tests.fixtures.daemon_harness import DaemonHarness, entry, to_yaml
-from tests.support import free_port
+from tests.support import free_port, wait_until
 
 INVALID = "version: 1\nservers:\n  alpha: {model: 3, port: -1}\n"
 
@@ -53,7 +53,12 @@ def test_burst_ending_invalid_keeps_the_servers_and_says_how_many_changes(tmp_pa
         h.write(servers)
         reloaded = h.wait_event("config_reloaded", after=mark)
         assert reloaded["config_sha256"] == hashlib.sha256(to_yaml(servers).encode()).hexdigest()
-        assert h.state()["config"]["servers"]["alpha"]["description"] == "the fixed file"
+
+        # the state file is written at the end of the loop turn that logged the event: wait for it
+        def fixed_in_state() -> bool:
+            return h.state()["config"]["servers"]["alpha"]["description"] == "the fixed file"
+
+        wait_until(fixed_in_state, 60, what="the fixed file in the state file")
         assert h.server("alpha")["pid"] == pid
         assert h.cli("status").returncode == 0
     finally:

@@ -137,8 +137,8 @@ class Daemon:
 
     def _install_signals(self) -> None:
         put = self.inbox.put
-        signal.signal(signal.SIGTERM, lambda signum, frame: put(m.Shutdown(signum)))
-        signal.signal(signal.SIGINT, lambda signum, frame: put(m.Shutdown(signum)))
+        signal.signal(signal.SIGTERM, lambda signum, frame: put(m.Shutdown(signum, time.monotonic())))
+        signal.signal(signal.SIGINT, lambda signum, frame: put(m.Shutdown(signum, time.monotonic())))
         signal.signal(signal.SIGHUP, lambda signum, frame: put(m.ReloadRequested("sighup")))
 
     def _loop(self) -> None:
@@ -173,7 +173,7 @@ class Daemon:
                 self.ondemand.on_ready_line(msg.server, msg.payload)
                 self.changes.bump()  # its measurements feed the memory table
         elif isinstance(msg, m.Shutdown):
-            self._shutdown(msg.signum, now)
+            self._shutdown(msg.signum, msg.received_at, now)
         elif isinstance(msg, m.StatusRequested):
             msg.reply.send({"ok": True, "state": self._state()})
         elif isinstance(msg, m.GatewayViewRequested):  # also while stopping: the gateway sees it
@@ -194,16 +194,19 @@ class Daemon:
         elif isinstance(msg, (m.StartRequested, m.UnloadRequested)):
             self.ondemand.handle(msg, now)
 
-    def _shutdown(self, signum: int, now: float) -> None:
+    def _shutdown(self, signum: int, received_at: float, now: float) -> None:
         if self._stopping:  # a second signal: do not wait for the grace periods
-            if not forces_kill(self._stop_signal_at, now):  # the same Ctrl-C, forwarded by a wrapper
-                self.log.info("daemon_signal_merged", signal=signal.Signals(signum).name)
+            name = signal.Signals(signum).name
+            since_first_s = None if self._stop_signal_at is None else round(received_at - self._stop_signal_at, 3)
+            if not forces_kill(self._stop_signal_at, received_at):  # the same Ctrl-C, forwarded by a wrapper
+                self.log.info("daemon_signal_merged", signal=name, since_first_s=since_first_s)
                 return
+            self.log.warning("daemon_kill_forced", signal=name, since_first_s=since_first_s)
             for server in self.supervisor.servers.values():
                 server.kill_now()
             return
         self._stopping = True
-        self._stop_signal_at = now
+        self._stop_signal_at = received_at
         self.changes.bump()
         self.log.info("daemon_stopping", pid=os.getpid(), signal=signal.Signals(signum).name)
         self.supervisor.stop_all(now)

@@ -76,7 +76,11 @@ class UnloadRequested:
 
 @dataclass(frozen=True)
 class Shutdown:
+    """SIGINT/SIGTERM, stamped when the handler ran (monotonic): two copies of one Ctrl-C are told
+    apart from a second press by when they arrived, not by when a busy loop got to them."""
+
     signum: int
+    received_at: float
 
 
 @dataclass(frozen=True)
