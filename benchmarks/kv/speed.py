@@ -89,15 +89,16 @@ def measure(
         for a in arms:
             prefill_times[a.label].append(prefill_ms(model, a, prefill_prompt))
     medians = {label: (statistics.median(t) if t else None) for label, t in prefill_times.items()}
-    results = header(arms, medians, prefill_rounds)
-    results["prefill_prompt"] = prefill_prompt
+    results = header(arms, medians, prefill_rounds, prefill_prompt)
     for context in contexts:
         results["decode_ms"][str(context)] = measure_context(model, arms, context)
         print(render(results), flush=True)  # each context's table as soon as it is measured
     return results
 
 
-def header(arms: list[Arm], prefill: dict[str, float | None], prefill_rounds: int) -> dict[str, Any]:
+def header(
+    arms: list[Arm], prefill: dict[str, float | None], prefill_rounds: int, prefill_prompt: int = PREFILL_PROMPT
+) -> dict[str, Any]:
     """A results dict before any decode context is measured."""
     return {
         "machine": cpu_name(),
@@ -109,6 +110,7 @@ def header(arms: list[Arm], prefill: dict[str, float | None], prefill_rounds: in
         "arms": [a.to_dict() for a in arms],
         "prefill_ms": prefill,
         "prefill_rounds": prefill_rounds,
+        "prefill_prompt": prefill_prompt,
         "decode_ms": {},
     }
 
