@@ -18,14 +18,7 @@ from typing import Any
 from veloxd import __version__, protocol
 from veloxd.daemon import messages as m
 from veloxd.daemon.control import CONTROL_SOCKET_ENV, ControlServer, remove_private_dir
-from veloxd.daemon.logs import (
-    get_logger,
-    log_file_id,
-    log_write_status,
-    reopen_logs,
-    take_reopened,
-    take_write_failure,
-)
+from veloxd.daemon.logs import get_logger, reopen_logs, take_reopened, take_write_failure
 from veloxd.daemon.models import ModelDirs
 from veloxd.daemon.ondemand import OnDemand
 from veloxd.daemon.orphans import end_orphans
@@ -36,7 +29,8 @@ from veloxd.daemon.shutdown import forces_kill
 from veloxd.daemon.sidecar import NAME as DASHBOARD
 from veloxd.daemon.sidecar import DashboardSidecar, dashboard_snapshot
 from veloxd.daemon.spawner import WorkerSpawner
-from veloxd.daemon.statefile import SCHEMA_VERSION, Changes, read_state, write_state
+from veloxd.daemon.statefile import SCHEMA_VERSION, Changes, read_state
+from veloxd.daemon.statewriter import LogFacts, StateWriter, log_facts
 from veloxd.daemon.supervisor import Supervisor
 from veloxd.daemon.watch import Debounce, Watcher, stat_signature
 
@@ -73,9 +67,8 @@ class Daemon:
         self._config_sig = stat_signature(options.config_path)
         self._next_poll = 0.0
         self.changes = Changes()  # bumped wherever a fact of the state file changes
-        self._written: tuple[int, Any] | None = None  # (changes.count, log facts) last on disk
+        self.state_writer = StateWriter(options.state_dir, self.changes, self.log)
         self._running = True
-        self._write_error: str | None = None
         self._start_time = process_start_time(os.getpid())
         self._config_dict: tuple[Any, dict[str, Any] | None] = (None, None)
 
@@ -344,9 +337,9 @@ class Daemon:
         return {"ok": True, "config_sha256": new.sha256, "plan": summary}
 
     # ---- state file -----------------------------------------------------------------------
-    def _state(self, log_facts: tuple[Any, Any] | None = None) -> dict[str, Any]:
+    def _state(self, facts: LogFacts | None = None) -> dict[str, Any]:
         options = self.options
-        file_id, write_status = log_facts or _log_facts()
+        file_id, write_status = facts or log_facts()
         servers = self.supervisor.snapshot()
         dashboard = dashboard_snapshot(servers)
         servers.pop(DASHBOARD, None)
@@ -361,7 +354,7 @@ class Daemon:
                 "log_file": str(options.log_file) if options.log_file else None,
                 "log_file_id": file_id,  # [device, inode] written to: `veloxd logs` compares
                 "log_write": write_status,  # records the log file lost, and since when while it fails
-                "state_write_error": self._write_error,  # seen by `veloxd status` through the control socket
+                "state_write_error": self.state_writer.error,  # seen by `veloxd status` through the control socket
                 "worker_command": options.worker_command,
                 "stopping": self._stopping,
             },
@@ -385,31 +378,4 @@ class Daemon:
         return self._config_dict[1]
 
     def _write_state(self) -> None:
-        """Write the state file when a fact in it changed: the change count moved, or the log handler's
-        own facts (rotation, lost records) did. A failed write is an event, never a crash: the servers
-        do not depend on it, and every loop wakeup tries again until one succeeds."""
-        seen = (self.changes.count, _log_facts())
-        if seen == self._written and self._write_error is None:
-            return
-        try:
-            write_state(self.options.state_dir, self._state(seen[1]))
-        except OSError as err:
-            error = f"{type(err).__name__}: {err.strerror or err}"
-            if error != self._write_error:  # once per distinct error, not once per retry
-                self.log.error(
-                    "state_write_failed", state_dir=str(self.options.state_dir), error=error, errno=err.errno
-                )
-            self._write_error = error
-            return
-        if self._write_error is not None:
-            self.log.info(
-                "state_write_recovered", state_dir=str(self.options.state_dir), previous_error=self._write_error
-            )
-            self._write_error = None
-            self.changes.bump()  # the file just written still names the error: write it again without
-        self._written = seen
-
-
-def _log_facts() -> tuple[Any, Any]:
-    """What the log handler changes on its own (a size rotation, lost records): read each loop pass, cheaply."""
-    return log_file_id(), log_write_status()
+        self.state_writer.write(self._state)
