@@ -10,7 +10,11 @@ over the tokens). This measures each read form alone, at the speed benchmark's s
 - packed b-bit codes decoded by `mx.dequantize` alone, and by veloxd's `ops.dequant` where it
   unpacks with shifts instead (1, 3 and 6 bits): what a prefill block does before a dense matmul;
 - Lloyd-Max codes decoded by veloxd's fused kernel and multiplied densely, one 1024-key block at
-  a time (veloxd.kv.ops.levels), as Lloyd-Max TurboQuant's decode step reads them.
+  a time (veloxd.kv.ops.levels), as Lloyd-Max TurboQuant's decode step reads them;
+- why per-token scores cost what they do: the same 4-bit scores from ONE query row (the kernel's
+  cost per row), and from the codes packed channel-major (`channel_major_scores`: each channel's
+  codes packed along the tokens, per-token scales applied after the matmul), which takes MLX's
+  other loop order (`transpose=False`). A layout experiment: no veloxd cache stores keys that way.
 Medians of 100 calls after 3 warm-ups; each form interleaved with the others round by round.
 
     python -m benchmarks.kv.kernels [--tokens 8192] [--json PATH]
@@ -79,6 +83,7 @@ def forms(tokens: int) -> dict[str, Callable[[], mx.array]]:
                 return dequant.dequantize(packed, scales, biases, GROUP, bits)
 
             out[f"{bits}-bit ops.dequant"] = shifted_dequantize
+    out.update(_scores_layouts(q, tokens))
     for bits in (3, 4):
         lloyd = LevelCodes(codebook("lloyd_max", DIM, bits).levels, bits, DIM)
         arrays = lloyd.pack(mx.random.randint(0, 2**bits, (1, KV_HEADS, tokens, DIM)).astype(mx.uint32))
@@ -95,11 +100,72 @@ def forms(tokens: int) -> dict[str, Callable[[], mx.array]]:
     return out
 
 
+def _scores_layouts(q: mx.array, tokens: int) -> dict[str, Callable[[], mx.array]]:
+    """4-bit per-token scores read from one query row, and from channel-major packed codes."""
+    codes = mx.random.randint(0, 16, (KV_HEADS, tokens, DIM)).astype(mx.uint32)  # [Hkv, T, D]
+    shape = (KV_HEADS, tokens, DIM // GROUP)
+    scales, biases = mx.random.uniform(0.01, 0.1, shape), mx.random.normal(shape)  # [Hkv, T, D/G]
+    packed = pack_along_last(codes, 4)  # [Hkv, T, D/8]
+    channel_major = ChannelMajor.pack(codes, scales, biases, 4)
+    mx.eval(packed, scales, biases, *channel_major.arrays())
+    one_row = q[:, :1]  # [Hkv, 1, D]
+
+    def per_row() -> mx.array:  # ROWS times this rate is the 4-row read's, if the cost is per row
+        return mx.quantized_matmul(one_row, packed, scales, biases, transpose=True, group_size=GROUP, bits=4)
+
+    return {
+        "4-bit quantized_matmul scores, 1 query row": per_row,
+        "4-bit channel-major codes scores": lambda: channel_major.scores(q),
+    }
+
+
+def pack_along_last(codes: mx.array, bits: int) -> mx.array:
+    """b-bit integer codes [..., n] packed 32 // bits per uint32 word along the last axis, low bits first."""
+    per_word = 32 // bits
+    shifts = mx.arange(per_word, dtype=mx.uint32) * bits
+    words = codes.astype(mx.uint32).reshape(*codes.shape[:-1], -1, per_word)  # [..., n / per_word, per_word]
+    return (words << shifts).sum(axis=-1).astype(mx.uint32)  # [..., n / per_word]
+
+
+class ChannelMajor:
+    """Per-token affine key codes (groups of GROUP channels, a scale and bias per token and group)
+    packed channel-major: for each channel, its codes over the tokens in words of 32 // bits tokens.
+
+    Scores q . k_t = sum_g scale[t, g] * (q_g . c_t,g) + bias[t, g] * sum(q_g): the integer part
+    is one `quantized_matmul(transpose=False)` per group (unit scales, zero biases: the per-token
+    scales cannot live in the kernel's per-channel groups), the rest is elementwise over [R, T]."""
+
+    TOKEN_GROUP = 128  # the kernel's group along the tokens: the fewest unit scales
+
+    def __init__(self, words: mx.array, scales: mx.array, biases: mx.array, bits: int) -> None:
+        self.words, self.scales, self.biases, self.bits = words, scales, biases, bits
+        unit = (*words.shape[:-1], words.shape[-1] * (32 // bits) // self.TOKEN_GROUP)  # [Hkv, g, G, T / 128]
+        self.ones, self.zeros = mx.ones(unit), mx.zeros(unit)
+
+    @classmethod
+    def pack(cls, codes: mx.array, scales: mx.array, biases: mx.array, bits: int) -> ChannelMajor:
+        """codes [Hkv, T, D] (T a multiple of TOKEN_GROUP), scales and biases [Hkv, T, D / GROUP]."""
+        H, T, D = codes.shape
+        by_channel = codes.reshape(H, T, D // GROUP, GROUP).transpose(0, 2, 3, 1)  # [Hkv, g, G, T]
+        return cls(pack_along_last(by_channel, bits), scales, biases, bits)
+
+    def arrays(self) -> list[mx.array]:
+        return [self.words, self.scales, self.biases, self.ones, self.zeros]
+
+    def scores(self, q: mx.array) -> mx.array:
+        """q [Hkv, R, D] -> scores [Hkv, R, T], equal to quantized_matmul(q, ..., transpose=True)."""
+        H, R, D = q.shape
+        by_group = q.reshape(H, R, D // GROUP, GROUP).transpose(0, 2, 1, 3)  # [Hkv, g, R, G]
+        integer = mx.quantized_matmul(
+            by_group, self.words, self.ones, self.zeros, transpose=False, group_size=self.TOKEN_GROUP, bits=self.bits
+        )  # [Hkv, g, R, T]
+        scaled = (integer * self.scales.transpose(0, 2, 1)[:, :, None, :]).sum(axis=1)  # [Hkv, R, T]
+        return scaled + by_group.sum(axis=-1).swapaxes(1, 2) @ self.biases.swapaxes(1, 2)  # + [Hkv, R, g] @ [Hkv, g, T]
+
+
 def _one_bit(codes: mx.array) -> tuple[mx.array, mx.array, mx.array]:
     """1-bit codes packed 32 per word with unit scales and zero biases (mx.quantize starts at 2 bits)."""
-    shifts = mx.arange(32, dtype=mx.uint32)
-    bits = codes.astype(mx.uint32).reshape(*codes.shape[:-1], -1, 32)  # [Hkv, T, D/32, 32]
-    packed = (bits << shifts).sum(axis=-1).astype(mx.uint32)  # [Hkv, T, D/32]
+    packed = pack_along_last(codes, 1)  # [Hkv, T, D/32]
     shape = (*codes.shape[:-1], codes.shape[-1] // GROUP)
     return packed, mx.ones(shape), mx.zeros(shape)
 

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 import numpy as np
 import pytest
 
@@ -9,8 +12,11 @@ from benchmarks.data import PassKey, TokenizedCorpus, TrainingStream, is_held_ou
 from benchmarks.kv.pareto import front
 from tests.support import run_python
 
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
-def test_outlier_variant_keeps_logits_and_makes_keys_heavy_tailed(tiny_model) -> None:
+
+def test_outlier_variant_keeps_logits_and_makes_keys_heavy_tailed(tiny_model: Path) -> None:
     import mlx.core as mx
 
     from benchmarks.model import key_channel_stats, load, max_logit_difference, with_outlier_keys
@@ -34,7 +40,7 @@ def test_outlier_variant_keeps_logits_and_makes_keys_heavy_tailed(tiny_model) ->
 
 
 def test_pareto_front_drops_dominated_points() -> None:
-    rows = [
+    rows: list[dict[str, Any]] = [
         {"label": "a", "stored_vs_fp16": 0.25, "kl_mean": 0.01},
         {"label": "b", "stored_vs_fp16": 0.30, "kl_mean": 0.02},  # dominated by a
         {"label": "c", "stored_vs_fp16": 0.12, "kl_mean": 0.08},
@@ -59,13 +65,13 @@ def test_held_out_split_is_deterministic_and_small() -> None:
 
 
 @pytest.fixture(scope="module")
-def tokenizer(tiny_model):
+def tokenizer(tiny_model: Path) -> Tokenizer:
     from tokenizers import Tokenizer
 
     return Tokenizer.from_file(str(tiny_model / "tokenizer.json"))
 
 
-def test_passkey_prompt_places_the_key_at_the_depth_and_ends_with_the_question(tokenizer) -> None:
+def test_passkey_prompt_places_the_key_at_the_depth_and_ends_with_the_question(tokenizer: Tokenizer) -> None:
     passkey = PassKey(tokenizer)
     filler = np.arange(10, 1010, dtype=np.int32) % 400 + 10
     prompt, answer = passkey.prompt("73914", filler, 600, 0.5)
@@ -77,7 +83,7 @@ def test_passkey_prompt_places_the_key_at_the_depth_and_ends_with_the_question(t
     assert len(starts) == 1 and abs(starts[0] - 300) < 40
 
 
-def test_training_stream_is_seeded_and_masks_only_random_first_copies(tokenizer) -> None:
+def test_training_stream_is_seeded_and_masks_only_random_first_copies(tokenizer: Tokenizer) -> None:
     docs = TokenizedCorpus(["a", "b"], [np.arange(50, 450, dtype=np.int32), np.arange(60, 900, dtype=np.int32)])
     one = TrainingStream(docs, PassKey(tokenizer), 512, seed=3).batch(8, 256)
     two = TrainingStream(docs, PassKey(tokenizer), 512, seed=3).batch(8, 256)
@@ -87,7 +93,7 @@ def test_training_stream_is_seeded_and_masks_only_random_first_copies(tokenizer)
     assert 0.5 < mask.mean() <= 1.0
 
 
-def test_kv_benchmark_pipeline_measures_writes_and_renders(tiny_model, tmp_path) -> None:
+def test_kv_benchmark_pipeline_measures_writes_and_renders(tiny_model: Path, tmp_path: Path) -> None:
     import json
 
     from benchmarks.docs import plots, readme_section, report
@@ -158,7 +164,8 @@ def test_every_planned_label_is_an_arm_and_hybrids_are_arms() -> None:
     at_1k = {a.label: a for a in arms.all_arms(1024)}
     for info in registry.HYBRIDS:
         arm = at_1k[f"{info.name}-4-256"]
-        assert arm.family == "hybrid" and arm.config() is not None and arm.config().method == info.name
+        config = arm.config()
+        assert arm.family == "hybrid" and config is not None and config.method == info.name
 
 
 def test_speed_benchmark_written_caches_hold_the_context_and_decode() -> None:
@@ -188,7 +195,7 @@ def test_speed_benchmark_written_caches_hold_the_context_and_decode() -> None:
 
 def test_kernel_rates_cover_every_read_form_and_render_against_dense() -> None:
     """`make bench-kernels` measures every read form (dense, quantized_matmul at 1-8 bits both ways,
-    dequantize and veloxd's shifts for the widths it unpacks, Lloyd-Max) and renders each scores/weighted rate relative to the dense read."""
+    dequantize and veloxd's shifts for the widths it unpacks, Lloyd-Max, the one-row and channel-major key reads) and renders each scores/weighted rate relative to the dense read."""
     from benchmarks.kv import kernels
 
     rates = kernels.measure(1024)
@@ -197,6 +204,7 @@ def test_kernel_rates_cover_every_read_form_and_render_against_dense() -> None:
     assert {"2-bit dequantize", "3-bit dequantize", "4-bit dequantize", "6-bit dequantize"} <= set(rates)
     assert {"1-bit ops.dequant", "3-bit ops.dequant", "6-bit ops.dequant"} <= set(rates)
     assert {"3-bit Lloyd-Max decode + dense scores", "4-bit Lloyd-Max decode + dense weighted"} <= set(rates)
+    assert {"4-bit quantized_matmul scores, 1 query row", "4-bit channel-major codes scores"} <= set(rates)
     assert all(ns > 0 for ns in rates.values()), rates
     table = kernels.render(rates, 1024)
     dense = rates["dense scores"]
@@ -205,7 +213,7 @@ def test_kernel_rates_cover_every_read_form_and_render_against_dense() -> None:
     assert f"| 3-bit dequantize | {rates['3-bit dequantize']:.2f} |  |" in table
 
 
-def test_speed_benchmark_prefill_only_run_writes_no_decode_context(tmp_path) -> None:
+def test_speed_benchmark_prefill_only_run_writes_no_decode_context(tmp_path: Path) -> None:
     """`--no-decode` measures prefill alone (the arms asked for, fp16 and mlx-q4 beside them), after
     `--prefill-prompt` cached tokens (64 here: without OpenBLAS 1,024 cost ~35 s per arm)."""
     import json
