@@ -5,6 +5,7 @@ Ports come from tests.support.free_port (testkit/ports.py: claimed, never bound 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,7 +29,7 @@ def model(tiny_model: Path) -> Any:
 
 
 @pytest.fixture(scope="session", autouse=True)
-def kept_figures_dir(tmp_path_factory: pytest.TempPathFactory) -> Any:
+def kept_figures_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
     """Workers the tests start keep their KV memory figures here, not in the user's cache dir."""
     from veloxd.protocol import STATE_DIR_ENV
 

@@ -14,7 +14,7 @@ import re
 from functools import cache
 from pathlib import Path
 
-from xdist.scheduler import LoadScopeScheduling
+from xdist.scheduler import LoadScopeScheduling  # type: ignore[import-untyped]  # pytest-xdist ships no types, typeshed has no stubs
 
 ROOT = Path(__file__).resolve().parents[1]
 MODULE_FIXTURE = re.compile(r"""@pytest\.fixture\(\s*scope\s*=\s*["']module["'][^)]*\)\s*\ndef (\w+)""")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import functools
 
 import mlx.core as mx
 import numpy as np
@@ -139,7 +140,7 @@ def test_long_sequences_guide_their_last_queries_with_absolute_key_positions() -
 def test_a_guided_trainer_learns_the_attention_patterns(lookback: int) -> None:
     """Repeated random blocks: the guided heads' attention loss falls by far within a few dozen steps."""
     heads = guided_heads(lookback)
-    trainer = Trainer(TINY, model_config(TINY), lambda *a: guided_loss(*a, guide_weight=1.0, heads=heads))
+    trainer = Trainer(TINY, model_config(TINY), functools.partial(guided_loss, guide_weight=1.0, heads=heads))
     rng = np.random.default_rng(1)
     first = last = 0.0
     for _ in range(60):
@@ -160,7 +161,7 @@ def test_the_unguided_trainer_reports_no_auxiliary_term() -> None:
     assert loss > 0 and trainer.last_auxiliary == 0.0
 
 
-def test_train_retrieval_refuses_a_bad_guide_induction_or_hard_keys_by_flag(capsys) -> None:
+def test_train_retrieval_refuses_a_bad_guide_induction_or_hard_keys_by_flag(capsys: pytest.CaptureFixture[str]) -> None:
     from benchmarks.training.train_retrieval import parse_args
 
     assert parse_args(["--induction", "longest", "--guide", "0.5"]).induction == "longest"
@@ -181,7 +182,9 @@ def test_train_retrieval_refuses_a_bad_guide_induction_or_hard_keys_by_flag(caps
 @pytest.mark.parametrize(
     ("argv", "expected"), [(["--lookback", "0"], "1 to 4"), (["--lookback", "3", "--heads", "2"], "1 to 2")]
 )
-def test_train_retrieval_refuses_a_lookback_without_a_head_for_each_token_back(argv, expected, capsys) -> None:
+def test_train_retrieval_refuses_a_lookback_without_a_head_for_each_token_back(
+    argv: list[str], expected: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from benchmarks.training.train_retrieval import parse_args
 
     with pytest.raises(SystemExit):

@@ -19,6 +19,7 @@ def test_weights_are_fp16_and_within_size_bound(shipped: str) -> None:
     weights_file = ASSET.parent / shipped / "model.safetensors"
     assert weights_file.stat().st_size <= MAX_BYTES
     weights = mx.load(str(weights_file))
+    assert isinstance(weights, dict)  # a safetensors file loads as {name: array}
     assert {w.dtype for w in weights.values()} == {mx.float16}
 
 
@@ -33,7 +34,7 @@ def test_config_is_llama_with_gqa_and_head_dim_128() -> None:
 def test_loads_generates_and_applies_the_chat_template() -> None:
     from mlx_lm import generate, load
 
-    model, tokenizer = load(str(ASSET))
+    model, tokenizer = load(str(ASSET))[:2]  # (model, tokenizer): the config comes only with return_config
     messages = [{"role": "user", "content": "What is the pass key?"}]
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     assert prompt == "<|user|>What is the pass key?</s><|assistant|>"

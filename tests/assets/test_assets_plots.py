@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -74,7 +75,7 @@ def test_every_family_an_arm_has_gets_a_style_and_an_unstyled_one_is_refused(ax:
         plots.draw(ax, [*ROWS, row("other", "mystery", 0.5, 0.1)])
 
 
-def test_the_measured_report_with_a_hybrid_row_renders_and_tabulates_it(tmp_path) -> None:
+def test_the_measured_report_with_a_hybrid_row_renders_and_tabulates_it(tmp_path: Path) -> None:
     result = json.loads((REPO / "benchmarks" / "results" / "kv.json").read_text())
     evicting = next(r for r in result["rows"] if r["family"] == "eviction" and r["context"] == 4096)
     hybrid = copy.deepcopy(evicting) | {"label": HYBRID, "method": "snapkv_affine", "family": "hybrid", "bits": 4}

@@ -55,11 +55,11 @@ def test_converted_layout_matches_the_gguf_layout(smollm2: Path, tmp_path: Path)
     for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
         (gguf_layout / name).write_bytes((smollm2 / name).read_bytes())
 
-    model, tokenizer = load(str(smollm2))
+    model, tokenizer = load(str(smollm2))[:2]  # (model, tokenizer): the config comes only with return_config
     tokens = mx.array(tokenizer.encode("The quick brown fox jumps over the lazy dog"))[None]  # [1, L]
     ours = np.array(model(tokens))
     del model
-    theirs_model, _ = load(str(gguf_layout))
+    theirs_model = load(str(gguf_layout))[0]
     theirs = np.array(theirs_model(tokens))
     assert np.abs(ours - theirs).max() < 1e-3 * np.abs(theirs).max()
     assert (ours.argmax(-1) == theirs.argmax(-1)).all()
@@ -68,7 +68,7 @@ def test_converted_layout_matches_the_gguf_layout(smollm2: Path, tmp_path: Path)
 def test_tokenizer_splits_digits_and_applies_the_chat_template(smollm2: Path) -> None:
     from mlx_lm import load
 
-    _, tokenizer = load(str(smollm2), lazy=True)
+    tokenizer = load(str(smollm2), lazy=True)[1]
     pieces = [tokenizer.decode([t]) for t in tokenizer.encode("in 2024 we")]
     assert pieces == ["in", " ", "2", "0", "2", "4", " we"]  # llama.cpp's "smollm" pre-tokenizer
     prompt = tokenizer.apply_chat_template(

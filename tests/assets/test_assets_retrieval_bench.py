@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -19,7 +20,7 @@ LABELS = ("fp16", "streaming_llm@25%", "snapkv@50%")
 
 
 @pytest.fixture(scope="module")
-def tiny_report() -> dict:
+def tiny_report() -> dict[str, Any]:
     from benchmarks.kv.retrieval import load_inputs, run
 
     bench_model, passkey, held_out = load_inputs(MODEL)
@@ -37,7 +38,7 @@ def test_budget_arms_cover_every_eviction_method_and_hybrid_at_both_fractions() 
     assert hybrid.bits == registry.get("h2o_affine").default_bits and hybrid.config() is not None
 
 
-def test_tiny_run_has_one_row_per_arm_with_accuracy_per_depth(tiny_report) -> None:
+def test_tiny_run_has_one_row_per_arm_with_accuracy_per_depth(tiny_report: dict[str, Any]) -> None:
     rows = tiny_report["rows"]
     assert [r["label"] for r in rows] == list(LABELS)
     for row in rows:
@@ -53,7 +54,7 @@ def test_tiny_run_has_one_row_per_arm_with_accuracy_per_depth(tiny_report) -> No
     assert rows[2]["budget"] == 128 and rows[2]["fraction"] == 0.5
 
 
-def test_heatmap_grid_and_figure_and_table(tiny_report, tmp_path: Path) -> None:
+def test_heatmap_grid_and_figure_and_table(tiny_report: dict[str, Any], tmp_path: Path) -> None:
     from benchmarks.docs.retrieval_plots import heatmaps
 
     panels = grids(tiny_report["rows"])
@@ -75,7 +76,7 @@ def test_keeps_retrieval_needs_every_cell_fp16_retrieves() -> None:
     good = {1024: {"by_depth": {"0.0": 1.0, "1.0": 0.95}}, 4096: {"by_depth": {"0.0": 1.0, "1.0": 0.5}}}
     bad = {1024: good[1024], 4096: {"by_depth": {"0.0": 0.9, "1.0": 1.0}}}
     fp16_missed = {1024: good[1024], 4096: {"by_depth": {"0.0": 1.0, "1.0": 0.4}}}
-    failed = {1024: {**good[1024], "error": "ValueError: x"}, 4096: good[4096]}
+    failed: dict[int, dict[str, Any]] = {1024: {**good[1024], "error": "ValueError: x"}, 4096: good[4096]}
     assert keeps_retrieval(good, fp16)
     assert not keeps_retrieval(bad, fp16)  # 0.9 where fp16 has every key
     assert not keeps_retrieval(fp16_missed, fp16)  # below even fp16's share at 1.0 @ 4k

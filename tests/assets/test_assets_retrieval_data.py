@@ -19,9 +19,11 @@ from benchmarks.training.retrieval_data import (
     shaped_key,
 )
 
+Pieces = tuple[PassKey, TokenizedCorpus]  # the `pieces` fixture: the pass-key builder and the corpus
+
 
 @pytest.fixture(scope="module")
-def pieces() -> tuple[PassKey, TokenizedCorpus]:
+def pieces() -> Pieces:
     from tokenizers import Tokenizer
 
     from benchmarks.model import ASSET
@@ -32,7 +34,7 @@ def pieces() -> tuple[PassKey, TokenizedCorpus]:
     return PassKey(tokenizer), TokenizedCorpus([f"doc{i}" for i in range(6)], docs)
 
 
-def test_same_seed_same_batches_other_seed_other_batches(pieces) -> None:
+def test_same_seed_same_batches_other_seed_other_batches(pieces: Pieces) -> None:
     passkey, corpus = pieces
     a, b, c = (RetrievalStream(corpus, passkey, seed=s) for s in (3, 3, 4))
     tokens_a, weights_a = a.batch(4, 256)
@@ -43,7 +45,7 @@ def test_same_seed_same_batches_other_seed_other_batches(pieces) -> None:
 
 
 @pytest.mark.parametrize("depth", [0.0, 0.3, 1.0])
-def test_pass_key_sits_at_the_asked_depth_and_is_answered(pieces, depth: float) -> None:
+def test_pass_key_sits_at_the_asked_depth_and_is_answered(pieces: Pieces, depth: float) -> None:
     passkey, corpus = pieces
     stream = RetrievalStream(corpus, passkey, seed=1)
     for _ in range(5):
@@ -66,7 +68,9 @@ def test_pass_key_sits_at_the_asked_depth_and_is_answered(pieces, depth: float) 
     assert PASS_KEY_QUESTION in passkey.tokenizer.decode(tokens.tolist())
 
 
-def sequences(pieces, kind: str, seed: int, lengths: tuple[int, ...]) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+def sequences(
+    pieces: Pieces, kind: str, seed: int, lengths: tuple[int, ...]
+) -> Iterator[tuple[np.ndarray, np.ndarray]]:
     """One stream's `kind` sequences (recall, copy) at each length: tokens and weights, both that long."""
     passkey, corpus = pieces
     stream = RetrievalStream(corpus, passkey, seed=seed)
@@ -76,7 +80,7 @@ def sequences(pieces, kind: str, seed: int, lengths: tuple[int, ...]) -> Iterato
         yield tokens, weights
 
 
-def test_recall_lines_ask_for_the_values_that_were_defined(pieces) -> None:
+def test_recall_lines_ask_for_the_values_that_were_defined(pieces: Pieces) -> None:
     passkey, _ = pieces
     for tokens, weights in sequences(pieces, "recall", 2, (129, 1025)):
         text = passkey.tokenizer.decode(tokens.tolist())
@@ -87,7 +91,7 @@ def test_recall_lines_ask_for_the_values_that_were_defined(pieces) -> None:
         assert (weights == ANSWER_WEIGHT).sum() >= 5 * len(asked)
 
 
-def test_copy_blocks_repeat_after_random_separators_and_only_repeats_weigh(pieces) -> None:
+def test_copy_blocks_repeat_after_random_separators_and_only_repeats_weigh(pieces: Pieces) -> None:
     passkey, corpus = pieces
     for tokens, weights in sequences(pieces, "copy", 4, (33, 257)):
         weighed = np.flatnonzero(weights)
@@ -96,11 +100,11 @@ def test_copy_blocks_repeat_after_random_separators_and_only_repeats_weigh(piece
         for i in weighed:  # a weighed token is a copy: it and the id before it were seen together
             before = np.flatnonzero(tokens[: i - 1] == tokens[i - 1])
             assert any(tokens[j + 1] == tokens[i] for j in before), i
-    offsets = set()
+    offsets: set[int] = set()
     for seed in range(6):  # separators of random length: the repeat's offset varies
         tokens, weights = RetrievalStream(corpus, passkey, seed=seed).copy_sequence(257)
-        i = int(np.flatnonzero(weights)[0])
-        offsets.add(i - int(np.flatnonzero(tokens[:i] == tokens[i])[0]))
+        first = int(np.flatnonzero(weights)[0])
+        offsets.add(first - int(np.flatnonzero(tokens[:first] == tokens[first])[0]))
     assert len(offsets) > 1
 
 
@@ -118,7 +122,9 @@ def test_shaped_keys_are_five_digit_keys_of_every_shape() -> None:
     assert len(set(keys)) > 1000  # the digits vary, not only the shapes
 
 
-def test_hard_keys_reach_pass_keys_and_recalls_and_zero_keeps_the_stream(pieces) -> None:
+def test_hard_keys_reach_pass_keys_and_recalls_and_zero_keeps_the_stream(
+    pieces: Pieces,
+) -> None:
     passkey, corpus = pieces
 
     def keys_of(stream: RetrievalStream) -> list[str]:

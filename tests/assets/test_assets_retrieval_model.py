@@ -7,8 +7,12 @@ import functools
 import json
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
+
+if TYPE_CHECKING:
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
 ASSETS = Path(__file__).resolve().parents[2] / "veloxd" / "assets"
 MODEL = ASSETS / "tiny-llama-retrieval"
@@ -21,14 +25,14 @@ def test_loads_with_mlx_lm_with_the_heads_its_card_states() -> None:
     card = (MODEL / "MODEL_CARD.md").read_text()
     assert f"head_dim {config['head_dim']}" in card
     assert f"{config['num_key_value_heads']} KV heads, head_dim {config['head_dim']}" in card.replace("\n", " ")
-    model, tokenizer = load(str(MODEL))
+    model, tokenizer = load(str(MODEL))[:2]  # (model, tokenizer): the config comes only with return_config
     attention = model.layers[0].self_attn
     assert len(model.layers) == config["num_hidden_layers"]
     assert (attention.n_heads, attention.n_kv_heads, attention.head_dim) == (4, 2, 64)  # GQA, a second head dim
     assert tokenizer.encode("def main():") == _tiny_llama_tokenizer().encode("def main():")
 
 
-def _tiny_llama_tokenizer():
+def _tiny_llama_tokenizer() -> TokenizerWrapper:
     from mlx_lm import load
 
     return load(str(ASSETS / "tiny-llama"))[1]

@@ -119,7 +119,7 @@ def test_a_new_field_reaches_the_schema_and_the_checker_without_other_edits(tmp_
     assert "kivi_new_knob" in _rule(schema, "h2o")["overrides"]["properties"]
     assert "kivi_new_knob" not in _rule(schema, "affine")["overrides"]["properties"]
     validator = jsonschema.Draft7Validator(schema)
-    base = {"version": 1, "servers": {"a": {"model": "m/x", "port": 1, "method": "kivi"}}}
+    base: dict[str, Any] = {"version": 1, "servers": {"a": {"model": "m/x", "port": 1, "method": "kivi"}}}
     base["servers"]["a"]["overrides"] = {"kivi_new_knob": 5}
     assert validator.is_valid(base)
     base["servers"]["a"]["overrides"] = {"kivi_new_knob": 10}

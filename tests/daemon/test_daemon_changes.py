@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from tests.daemon.test_supervisor_inprocess import FakeSpawner, config_of, make_entry, ready_line
+from tests.daemon.test_supervisor_inprocess import FakeSpawner, config_of, make_entry, ready_line, state_of
 from tests.support import free_port
 from veloxd.config.plan import diff
 from veloxd.daemon import messages as m
@@ -47,7 +47,7 @@ class Ledger:
 
 def new_supervisor() -> tuple[Supervisor, FakeSpawner]:
     spawner = FakeSpawner()
-    return Supervisor(spawner, structlog.get_logger("test")), spawner  # type: ignore[arg-type]
+    return Supervisor(spawner, structlog.get_logger("test")), spawner
 
 
 def test_every_change_of_a_servers_life_moves_the_count_and_idle_steps_do_not() -> None:
@@ -61,7 +61,7 @@ def test_every_change_of_a_servers_life_moves_the_count_and_idle_steps_do_not() 
     assert ledger.step("READY line") == "change"
     supervisor.on_message(m.Healthy("a", spawn_id), 1.0)
     assert ledger.step("healthy") == "change"
-    assert supervisor.servers["a"].state is S.READY
+    assert state_of(supervisor.servers["a"]) is S.READY
     for now in (2.0, 5.0, 10.9):
         supervisor.tick(now)
         assert ledger.step(f"tick at {now}") == "same"
@@ -77,14 +77,14 @@ def test_every_change_of_a_servers_life_moves_the_count_and_idle_steps_do_not() 
     assert ledger.step("probe failed") == "change"
     slower = make_entry("a", a.port, health=dict(HEALTH), stop_timeout_s=9)
     supervisor.apply(diff(config_of(a), config_of(slower)), {"a": slower}, now=24.0)
-    assert ledger.step("live update") == "change" and supervisor.servers["a"].state is S.READY
+    assert ledger.step("live update") == "change" and state_of(supervisor.servers["a"]) is S.READY
     child.returncode = 1
     supervisor.on_message(m.ChildExited("a", spawn_id, 1), 25.0)
-    assert ledger.step("crashed") == "change" and supervisor.servers["a"].state is S.BACKOFF
+    assert ledger.step("crashed") == "change" and state_of(supervisor.servers["a"]) is S.BACKOFF
     supervisor.tick(25.5)
     assert ledger.step("backoff not over") == "same"
     supervisor.tick(26.0)
-    assert ledger.step("retried") == "change" and supervisor.servers["a"].state is S.STARTING
+    assert ledger.step("retried") == "change" and state_of(supervisor.servers["a"]) is S.STARTING
     spawn_id, child = spawner.latest("a")
     supervisor.restart(["a"], "restart_requested", 27.0)
     assert ledger.step("restart asked") == "change" and supervisor.snapshot()["a"]["pending"] == "restart"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from typing import TypedDict
 
 import pytest
 
@@ -11,7 +12,16 @@ from veloxd.daemon.exits import Crashed, PortTaken, after_exit
 from veloxd.daemon.state import ServerState
 
 S = ServerState
-WHERE = {"host": "127.0.0.1", "port": 9123}
+
+
+class Where(TypedDict):
+    """The entry's address, after_exit's keyword arguments `host` and `port`."""
+
+    host: str
+    port: int
+
+
+WHERE: Where = {"host": "127.0.0.1", "port": 9123}
 QUIET: dict[str, list[str]] = {"stdout": [], "stderr": []}
 SAID = {"stdout": [], "stderr": ["loading", "veloxd serve: port 9123 on 127.0.0.1 is in use (by pid 77)", " "]}
 PORT_IN_USE = int(protocol.ExitCode.PORT_IN_USE)

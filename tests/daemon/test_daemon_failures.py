@@ -13,6 +13,7 @@ import socket
 from collections.abc import Callable
 from typing import Any
 
+from tests.daemon.conftest import StartDaemon
 from tests.fixtures.daemon_harness import DEADLINE_S, DaemonHarness, entry, pid_alive, wait_for, wait_gone
 from tests.support import free_port
 
@@ -42,18 +43,19 @@ def kill_until_fatal(daemon: DaemonHarness, name: str) -> None:
         )
         if server["state"] == "fatal":
             return
-        os.kill(server["pid"], signal.SIGKILL)
-        wait_for(
-            lambda killed=server["pid"]: daemon.server(name).get("pid") != killed,
-            DEADLINE_S,
-            f"{name} noticed its exit",
-        )
+        killed: int = server["pid"]
+        os.kill(killed, signal.SIGKILL)
+
+        def noticed(killed: int = killed) -> bool:  # bound now: B023
+            return daemon.server(name).get("pid") != killed
+
+        wait_for(noticed, DEADLINE_S, f"{name} noticed its exit")
 
 
-def test_killed_worker_backs_off_then_goes_fatal_after_the_limit(start_daemon) -> None:
+def test_killed_worker_backs_off_then_goes_fatal_after_the_limit(start_daemon: StartDaemon) -> None:
     """kill -9 three times (max_failures=3): BACKOFF with growing delays, then FATAL, no more starts."""
     daemon = start_daemon(named("crashy"))
-    delays = []
+    delays: list[float] = []
     for attempt in (1, 2, 3):
         servers = daemon.wait_states({"crashy": "ready"})
         pid = servers["crashy"]["pid"]
@@ -71,7 +73,7 @@ def test_killed_worker_backs_off_then_goes_fatal_after_the_limit(start_daemon) -
     assert daemon.wait_states({"crashy": "fatal"})["crashy"]["pid"] is None
 
 
-def test_fatal_server_stays_down_until_restarted_by_name(start_daemon) -> None:
+def test_fatal_server_stays_down_until_restarted_by_name(start_daemon: StartDaemon) -> None:
     """FATAL is left only by `veloxd restart NAME` (or a config change); failures start over."""
     daemon = start_daemon(named("crashy"))
     kill_until_fatal(daemon, "crashy")
@@ -85,7 +87,7 @@ def test_fatal_server_stays_down_until_restarted_by_name(start_daemon) -> None:
     assert backoff["failures"] == 1
 
 
-def test_exit_code_2_is_fatal_at_once(start_daemon) -> None:
+def test_exit_code_2_is_fatal_at_once(start_daemon: StartDaemon) -> None:
     """Invalid input never fixes itself: one start, FATAL, with the worker's own message attached."""
     daemon = start_daemon(named("invalid"))
     fatal = daemon.wait_event("server_fatal", server="invalid")
@@ -94,7 +96,7 @@ def test_exit_code_2_is_fatal_at_once(start_daemon) -> None:
     assert len(daemon.events("server_starting", server="invalid")) == 1
 
 
-def test_worker_echoing_another_kv_config_is_refused(start_daemon) -> None:
+def test_worker_echoing_another_kv_config_is_refused(start_daemon: StartDaemon) -> None:
     """The daemon passes the entry as one --entry-json document and checks that READY echoes its KV
     settings: a mismatch is FATAL, named."""
     daemon = start_daemon(named("skewed"))
@@ -106,7 +108,7 @@ def test_worker_echoing_another_kv_config_is_refused(start_daemon) -> None:
     assert len(daemon.events("server_starting", server="skewed")) == 1  # refused once, never retried
 
 
-def test_port_held_by_another_process_waits_naming_the_port_then_starts_once_freed(start_daemon) -> None:
+def test_port_held_by_another_process_waits_naming_the_port_then_starts_once_freed(start_daemon: StartDaemon) -> None:
     """A port held by someone else is a fact of the world, not of the file: only that entry WAITS
     (no worker spawned, the reason names the port), and it starts by itself once the port is free."""
     held = socket.socket()  # somebody else's listener on the entry's port
@@ -129,7 +131,7 @@ def test_port_held_by_another_process_waits_naming_the_port_then_starts_once_fre
     assert not daemon.events("server_fatal", server="squatted")
 
 
-def test_worker_that_never_gets_ready_is_killed_and_backs_off(start_daemon) -> None:
+def test_worker_that_never_gets_ready_is_killed_and_backs_off(start_daemon: StartDaemon) -> None:
     """No READY line within ready_timeout_s: SIGKILL, counted as a failed start, FATAL at the limit."""
     daemon = start_daemon(named("silent"))
     timeout = daemon.wait_event("server_ready_timeout", server="silent")
@@ -141,26 +143,26 @@ def test_worker_that_never_gets_ready_is_killed_and_backs_off(start_daemon) -> N
     assert not daemon.events("server_ready", server="silent")
 
 
-def test_fatal_server_starts_again_when_its_entry_changes(start_daemon) -> None:
+def test_fatal_server_starts_again_when_its_entry_changes(start_daemon: StartDaemon) -> None:
     """Fixing the entry of a FATAL server (here: its env) is a config change: it starts and gets ready."""
     daemon = start_daemon(named("invalid"))
     daemon.wait_states({"invalid": "fatal"})
     mark = daemon.mark()
-    daemon.servers["invalid"] = {**daemon.servers["invalid"], "env": {}}  # type: ignore[attr-defined]
-    daemon.write(daemon.servers)  # type: ignore[attr-defined]
+    daemon.servers["invalid"] = {**daemon.servers["invalid"], "env": {}}
+    daemon.write(daemon.servers)
     reloaded = daemon.wait_event("config_reloaded", after=mark)
     assert list(reloaded["plan"]["changed"]) == ["invalid"]
     ready = daemon.wait_event("server_ready", after=mark, server="invalid")
     assert pid_alive(ready["pid"])
 
 
-def test_live_only_change_to_a_fatal_entry_starts_it_again(start_daemon) -> None:
+def test_live_only_change_to_a_fatal_entry_starts_it_again(start_daemon: StartDaemon) -> None:
     """Raising ready_timeout_s restarts nothing that runs, but a FATAL server gets another chance."""
     daemon = start_daemon(named("silent", "crashy"))
     daemon.wait_states({"silent": "fatal"})
     mark = daemon.mark()
-    daemon.servers["silent"] = {**daemon.servers["silent"], "ready_timeout_s": 0.6}  # type: ignore[attr-defined]
-    daemon.write(daemon.servers)  # type: ignore[attr-defined]
+    daemon.servers["silent"] = {**daemon.servers["silent"], "ready_timeout_s": 0.6}
+    daemon.write(daemon.servers)
     reloaded = daemon.wait_event("config_reloaded", after=mark)
     assert list(reloaded["plan"]["updated"]) == ["silent"] and not reloaded["plan"]["changed"]
     starting = daemon.wait_event("server_starting", after=mark, server="silent")
@@ -168,12 +170,12 @@ def test_live_only_change_to_a_fatal_entry_starts_it_again(start_daemon) -> None
     assert not [r for r in daemon.records()[mark:] if r["event"] == "server_stopping" and r["server"] != "silent"]
 
 
-def test_saves_during_a_reload_coalesce_into_one_follow_up(start_daemon) -> None:
+def test_saves_during_a_reload_coalesce_into_one_follow_up(start_daemon: StartDaemon) -> None:
     """While a reload waits for a slow stop, five more saves lead to exactly one follow-up reload,
     which applies the last of them."""
     daemon = start_daemon(named("stubborn"))
     daemon.wait_states({"stubborn": "ready"})
-    servers = daemon.servers  # type: ignore[attr-defined]
+    servers = daemon.servers
     mark = daemon.mark()
     servers["stubborn"] = {**servers["stubborn"], "method": "affine", "bits": 8}
     daemon.write(servers)
@@ -191,7 +193,7 @@ def test_saves_during_a_reload_coalesce_into_one_follow_up(start_daemon) -> None
     daemon.wait_states({"stubborn": "ready"})
 
 
-def test_stop_escalates_to_sigkill_after_stop_timeout(start_daemon) -> None:
+def test_stop_escalates_to_sigkill_after_stop_timeout(start_daemon: StartDaemon) -> None:
     """A worker ignoring SIGTERM is killed after its stop_timeout_s; then SIGTERM ends the daemon, exit 0."""
     daemon = start_daemon(named("stubborn"))
     daemon.wait_states({"stubborn": "ready"})

@@ -13,17 +13,28 @@ import json
 import shlex
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
 from tests.fixtures.daemon_harness import DaemonHarness, entry
 from tests.support import BATCH_PREFIX, BATCH_RECORDER, eos_token_ids, free_port, http_json, wait_until
+from veloxd.kv.base import Batchable
 from veloxd.kv.factory import cache_class
 
 LOAD_S = 240  # two model loads on two busy CPU cores
+
+
+class Hybrid(TypedDict):
+    """An entry's KV settings: its method, bits and the eviction keys it overrides."""
+
+    method: str
+    bits: int
+    overrides: dict[str, int]
+
+
 # Small budgets so the ~300-token prompts really evict.
-HYBRIDS = {
+HYBRIDS: dict[str, Hybrid] = {
     "snap": {"method": "snapkv_affine", "bits": 4, "overrides": {"snapkv_budget": 96, "snapkv_window": 16}},
     "heavy": {"method": "h2o_affine", "bits": 4, "overrides": {"h2o_budget": 96, "h2o_window": 32}},
 }
@@ -89,10 +100,16 @@ def test_hybrid_entries_serve_and_batch_through_the_daemon(tmp_path: Path, tiny_
 
             # the worker's stderr reaches the daemon's log through a reader thread: the move that
             # joined the second request may be logged just after the replies
-            pid = up[name]["pid"]
-            wait_until(lambda p=pid: any(m["rows"] == 2 for m in batches(h, p)), 60, what="a batch of 2")
+            pid: int = up[name]["pid"]
+
+            def batched_two(p: int = pid) -> bool:  # bound now: B023
+                return any(m["rows"] == 2 for m in batches(h, p))
+
+            wait_until(batched_two, 60, what="a batch of 2")
             moves = batches(h, pid)
-            assert all(m["caches"] == [cache_class(method).batch_class.__name__] for m in moves), moves
+            single = cache_class(method)
+            assert issubclass(single, Batchable), f"{single.__name__} does not batch"
+            assert all(m["caches"] == [single.batch_class.__name__] for m in moves), moves
         assert h.stop(timeout=120) == 0
     finally:
         h.cleanup()

@@ -85,6 +85,7 @@ def test_next_daemon_ends_orphans_it_can_identify_and_spares_reused_pids(tmp_pat
         h.start()
         orphan = h.wait_states({"a": "ready"})["a"]["pid"]
         h.signal(signal.SIGKILL)
+        assert h.proc is not None
         h.proc.wait(120)
         wait_until(seen.exists, 120, what="the worker to see its lifeline close")  # and ignore it, on purpose
         assert pid_alive(orphan)

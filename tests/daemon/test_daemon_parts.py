@@ -12,6 +12,7 @@ import sys
 import textwrap
 import threading
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -55,7 +56,7 @@ def test_structlog_and_stdlib_lines_share_one_json_shape(tmp_path: Path) -> None
     assert [r["server"] for r in read_lines_json(log_file, "a")] == ["a"] * 40
 
 
-def read_lines_json(log_file: Path, server: str) -> list[dict]:
+def read_lines_json(log_file: Path, server: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in read_lines(log_file, server)]
 
 

@@ -15,11 +15,12 @@ import signal
 import subprocess
 import urllib.request
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import pytest
 
-from tests.fixtures.daemon_harness import DaemonHarness, entry, wait_for
+from tests.daemon.conftest import StartDaemon, StartedDaemon
+from tests.fixtures.daemon_harness import entry, wait_for
 from tests.support import REPO, free_port, http_json, veloxd_cmd
 
 pytestmark = pytest.mark.slow
@@ -28,7 +29,16 @@ SHIPPED = REPO / "veloxd" / "assets" / "tiny-llama"
 LOAD_S = 300  # several model loads at once on two busy cores
 API_KEY = "sk-veloxd-test-key-4242"
 HUB_TOKEN = "hf_secret_token_0123456789"
-REAL_WORKERS: dict[str, Any] = {"real_worker": True, "env": {"VELOXD_REL_KEY": API_KEY}}  # start_daemon's flags
+
+
+class DaemonFlags(TypedDict):
+    """start_daemon's keyword arguments."""
+
+    real_worker: bool
+    env: dict[str, str]
+
+
+REAL_WORKERS: DaemonFlags = {"real_worker": True, "env": {"VELOXD_REL_KEY": API_KEY}}
 RESTART = {"max_failures": 2, "window_s": 600, "backoff_initial_s": 0.2, "backoff_max_s": 0.4}
 
 
@@ -63,11 +73,13 @@ def models(tmp_path: Path) -> Path:
     return path
 
 
-def save(daemon: DaemonHarness) -> None:
-    daemon.write(daemon.servers)  # type: ignore[attr-defined]
+def save(daemon: StartedDaemon) -> None:
+    daemon.write(daemon.servers)
 
 
-def test_missing_model_waits_alone_and_starts_when_its_directory_appears(start_daemon: Any, models: Path) -> None:
+def test_missing_model_waits_alone_and_starts_when_its_directory_appears(
+    start_daemon: StartDaemon, models: Path
+) -> None:
     """One entry's missing model directory no longer invalidates the file. That entry WAITS
     (visible in status, exit code 3); the others run; edits to others apply; reload does not repeat
     a cached rejection; once the directory is moved into place the entry comes up by itself."""
@@ -100,7 +112,7 @@ def test_missing_model_waits_alone_and_starts_when_its_directory_appears(start_d
     assert daemon.wait_states({"alpha": "ready", "late": "ready"}) and daemon.cli("status").returncode == 0
 
 
-def test_fatal_entry_is_revived_when_its_model_directory_is_replaced(start_daemon: Any, models: Path) -> None:
+def test_fatal_entry_is_revived_when_its_model_directory_is_replaced(start_daemon: StartDaemon, models: Path) -> None:
     """The model watch follows the path (its parent is watched). A FATAL entry whose
     directory is replaced by a rename (a new revision moved into place) is started again, and
     writing into the moved-away old directory restarts nothing (it used to)."""
@@ -127,7 +139,7 @@ def test_fatal_entry_is_revived_when_its_model_directory_is_replaced(start_daemo
     assert daemon.server("broken")["pid"] == ready["pid"]
 
 
-def test_fatal_reason_is_the_workers_own_error_line(start_daemon: Any, models: Path) -> None:
+def test_fatal_reason_is_the_workers_own_error_line(start_daemon: StartDaemon, models: Path) -> None:
     """`server_fatal` and `status` carry what the worker said, not only 'exit 2'."""
     alien = copy_model(models / "alien", model_type="no_such_architecture")
     daemon = start_daemon(dict(alien={**real(free_port(), alien), "method": "affine", "bits": 4}), **REAL_WORKERS)
@@ -140,7 +152,7 @@ def test_fatal_reason_is_the_workers_own_error_line(start_daemon: Any, models: P
     assert f"alien: {fatal['reason']}" in status.stdout and status.returncode == 3
 
 
-def test_moved_or_deleted_log_is_reopened_and_logs_says_which_file(start_daemon: Any) -> None:
+def test_moved_or_deleted_log_is_reopened_and_logs_says_which_file(start_daemon: StartDaemon) -> None:
     """After the log is moved (logrotate) the daemon writes to a new file at the path;
     after it is deleted, SIGHUP recreates it; `veloxd logs` reads the new file, and says so clearly
     when the path has no file instead of printing nothing with exit 0."""
@@ -166,7 +178,7 @@ def test_moved_or_deleted_log_is_reopened_and_logs_says_which_file(start_daemon:
     assert daemon.wait_event("config_unchanged", source="sighup", timeout=60)
 
 
-def test_state_write_failure_is_logged_retried_and_stops_no_server(start_daemon: Any) -> None:
+def test_state_write_failure_is_logged_retried_and_stops_no_server(start_daemon: StartDaemon) -> None:
     """The state directory becomes unusable (here: replaced by a file, which fails for root
     too); the next state write fails, `state_write_failed` is logged, the daemon and its servers go
     on; once the directory is back, the next change is written and `state_write_recovered` logged."""
@@ -199,7 +211,7 @@ def test_state_write_failure_is_logged_retried_and_stops_no_server(start_daemon:
     assert daemon.server("alpha")["pid"] == before["alpha"]["pid"]
 
 
-def test_alias_bomb_by_size_is_refused_and_the_daemon_keeps_serving(start_daemon: Any) -> None:
+def test_alias_bomb_by_size_is_refused_and_the_daemon_keeps_serving(start_daemon: StartDaemon) -> None:
     """A file under 1 MiB whose anchors point at a 900 KB string used a thousand times is
     refused with a located error (it used to take gigabytes); every server keeps running."""
     daemon = start_daemon(dict(alpha=real(free_port(), SHIPPED)), **REAL_WORKERS)
@@ -218,7 +230,7 @@ def test_alias_bomb_by_size_is_refused_and_the_daemon_keeps_serving(start_daemon
     daemon.wait_event("config_reloaded", after=mark, timeout=60)
 
 
-def test_secrets_redacted_auth_scheme_status_codes_closed_pipe(start_daemon: Any) -> None:
+def test_secrets_redacted_auth_scheme_status_codes_closed_pipe(start_daemon: StartDaemon) -> None:
     """The entry's HF_TOKEN and the api_key_env value appear nowhere in the state file,
     `status --json` or the log; `Authorization: bearer ...` (lowercase scheme, RFC 7235) is accepted;
     `status` exits 0 with every server ready; `veloxd status | true` (reader gone before we write)

@@ -13,11 +13,13 @@ import json
 import signal
 import subprocess
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.daemon.conftest import StartedDaemon
 from tests.fixtures.daemon_harness import DaemonHarness, entry, pid_alive, to_yaml, wait_for, wait_gone
 from tests.support import REPO, free_port, veloxd_cmd
 from veloxd.daemon.logs import FIXED_KEYS
@@ -25,12 +27,18 @@ from veloxd.daemon.logs import FIXED_KEYS
 NAMES = ("a", "b", "c")
 
 
+class ReloadDaemon(StartedDaemon):
+    """The module's daemon: its entries as last written (`servers`) and its first ones (`baseline`)."""
+
+    def __init__(self, root: Path, servers: Mapping[str, dict[str, Any]]) -> None:
+        super().__init__(root, servers)
+        self.baseline = copy.deepcopy(self.servers)
+
+
 @pytest.fixture(scope="module")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonHarness]:
-    h = DaemonHarness(tmp_path_factory.mktemp("reload"))
-    h.servers = {name: entry(free_port()) for name in NAMES}  # type: ignore[attr-defined]
-    h.baseline = copy.deepcopy(h.servers)  # type: ignore[attr-defined]
-    h.write(h.servers)  # type: ignore[attr-defined]
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReloadDaemon]:
+    h = ReloadDaemon(tmp_path_factory.mktemp("reload"), {name: entry(free_port()) for name in NAMES})
+    h.write(h.servers)
     h.start()
     try:
         h.wait_states(dict.fromkeys(NAMES, "ready"))
@@ -40,32 +48,32 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonHarness]:
 
 
 @pytest.fixture(autouse=True)
-def from_the_first_config(daemon: DaemonHarness) -> None:
+def from_the_first_config(daemon: ReloadDaemon) -> None:
     """Whatever an earlier test edited, start from the module's first config with every server ready."""
-    baseline = daemon.baseline  # type: ignore[attr-defined]
+    baseline = daemon.baseline
     if daemon.config.read_text() != to_yaml(baseline):
-        daemon.servers = copy.deepcopy(baseline)  # type: ignore[attr-defined]
-        daemon.write(daemon.servers)  # type: ignore[attr-defined]
+        daemon.servers = copy.deepcopy(baseline)
+        daemon.write(daemon.servers)
     # From the state file, not the log: `config_reloaded` is logged before the plan's restarts show
     # in the state, and a READY server may still have a restart queued (pending) behind another.
     sha = hashlib.sha256(to_yaml(baseline).encode()).hexdigest()
     daemon.wait_states(dict.fromkeys(NAMES, "ready"), config_sha256=sha)
 
 
-def save(h: DaemonHarness, how: str = "replace", **changes: dict) -> None:
+def save(h: StartedDaemon, how: str = "replace", **changes: dict[str, Any]) -> None:
     """Apply per-server changes to the harness's servers and save the file."""
     for name, change in changes.items():
-        h.servers[name] = {**h.servers[name], **change}  # type: ignore[attr-defined]
-    h.write(h.servers, how=how)  # type: ignore[attr-defined]
+        h.servers[name] = {**h.servers[name], **change}
+    h.write(h.servers, how=how)
 
 
-def settled(h: DaemonHarness) -> dict[str, int]:
+def settled(h: StartedDaemon) -> dict[str, int]:
     """Wait until every server is READY; return their pids."""
-    servers = h.wait_states({name: "ready" for name in h.servers})  # type: ignore[attr-defined]
+    servers = h.wait_states({name: "ready" for name in h.servers})
     return {name: s["pid"] for name, s in servers.items()}
 
 
-def test_editing_one_entry_restarts_only_that_server(daemon: DaemonHarness) -> None:
+def test_editing_one_entry_restarts_only_that_server(daemon: ReloadDaemon) -> None:
     """Change b's method: b gets a new pid, a and c keep theirs; the plan names b and its keys."""
     before = settled(daemon)
     mark = daemon.mark()
@@ -80,7 +88,7 @@ def test_editing_one_entry_restarts_only_that_server(daemon: DaemonHarness) -> N
     assert {r["server"] for r in daemon.events("server_stopping")[-1:]} == {"b"}
 
 
-def test_live_only_change_applies_without_a_restart(daemon: DaemonHarness) -> None:
+def test_live_only_change_applies_without_a_restart(daemon: ReloadDaemon) -> None:
     """A description or a timeout changes nothing that runs: same pid, no stop."""
     before = settled(daemon)
     mark = daemon.mark()
@@ -91,7 +99,7 @@ def test_live_only_change_applies_without_a_restart(daemon: DaemonHarness) -> No
     assert not [r for r in daemon.records()[mark:] if r["event"] in ("server_stopping", "server_starting")]
 
 
-def test_invalid_edit_restarts_nothing_and_logs_each_error_location(daemon: DaemonHarness) -> None:
+def test_invalid_edit_restarts_nothing_and_logs_each_error_location(daemon: ReloadDaemon) -> None:
     """Two errors in the new file: both reported with line and column, every server keeps running."""
     before = settled(daemon)
     good = daemon.config.read_text()
@@ -118,7 +126,7 @@ def test_invalid_edit_restarts_nothing_and_logs_each_error_location(daemon: Daem
     assert settled(daemon) == before
 
 
-def test_file_replaced_by_rename_like_vim_is_noticed(daemon: DaemonHarness) -> None:
+def test_file_replaced_by_rename_like_vim_is_noticed(daemon: ReloadDaemon) -> None:
     """vim renames the original away and writes a new file: the directory watch still sees it."""
     before = settled(daemon)
     mark = daemon.mark()
@@ -129,7 +137,7 @@ def test_file_replaced_by_rename_like_vim_is_noticed(daemon: DaemonHarness) -> N
     assert after["c"] != before["c"] and after["a"] == before["a"] and after["b"] == before["b"]
 
 
-def test_twenty_rapid_saves_cause_at_most_two_restarts(daemon: DaemonHarness) -> None:
+def test_twenty_rapid_saves_cause_at_most_two_restarts(daemon: ReloadDaemon) -> None:
     """A burst of saves is debounced: a restarts once or twice and ends on the last content."""
     before = settled(daemon)
     mark = daemon.mark()
@@ -147,7 +155,7 @@ def test_twenty_rapid_saves_cause_at_most_two_restarts(daemon: DaemonHarness) ->
     assert readies[-1]["pid"] == after["a"]
 
 
-def test_identical_content_and_sighup_are_noops(daemon: DaemonHarness) -> None:
+def test_identical_content_and_sighup_are_noops(daemon: ReloadDaemon) -> None:
     """Rewriting the same bytes, SIGHUP and `veloxd reload` all take the same path: unchanged."""
     before = settled(daemon)
     mark = daemon.mark()
@@ -160,7 +168,7 @@ def test_identical_content_and_sighup_are_noops(daemon: DaemonHarness) -> None:
     assert not [r for r in daemon.records()[mark:] if r["event"] in ("config_reloaded", "server_stopping")]
 
 
-def test_cli_restart_status_and_logs(daemon: DaemonHarness) -> None:
+def test_cli_restart_status_and_logs(daemon: ReloadDaemon) -> None:
     """`restart NAME` gives that server a new pid; status and logs read the daemon's files."""
     before = settled(daemon)
     history = daemon.cli("logs", "--server", "b", "--log-file", str(daemon.log_file)).stdout.splitlines()
@@ -171,8 +179,10 @@ def test_cli_restart_status_and_logs(daemon: DaemonHarness) -> None:
         text=True,
         cwd=REPO,
     )
-    followed: list[dict] = []
-    threading.Thread(target=lambda: followed.extend(json.loads(line) for line in follower.stdout), daemon=True).start()
+    out = follower.stdout
+    assert out is not None  # stdout=PIPE
+    followed: list[dict[str, Any]] = []
+    threading.Thread(target=lambda: followed.extend(json.loads(line) for line in out), daemon=True).start()
     wait_for(lambda: len(followed) >= len(history), 120, "the follower to print the history")
     result = daemon.cli("restart", "b")
     assert result.returncode == 0, result.stderr
@@ -199,13 +209,13 @@ def test_cli_restart_status_and_logs(daemon: DaemonHarness) -> None:
     finally:
         follower.terminate()
         follower.wait(120)
-        follower.stdout.close()
+        out.close()
 
 
-def test_removing_adding_and_swapping_ports_stops_before_starting(daemon: DaemonHarness) -> None:
+def test_removing_adding_and_swapping_ports_stops_before_starting(daemon: ReloadDaemon) -> None:
     """a and b swap ports and d takes removed c's port: only possible if stops finish first."""
     before = settled(daemon)
-    servers = daemon.servers  # type: ignore[attr-defined]
+    servers = daemon.servers
     port_a, port_b, port_c = servers["a"]["port"], servers["b"]["port"], servers["c"]["port"]
     mark = daemon.mark()
     servers["a"], servers["b"] = {**servers["a"], "port": port_b}, {**servers["b"], "port": port_a}
@@ -223,14 +233,14 @@ def test_removing_adding_and_swapping_ports_stops_before_starting(daemon: Daemon
     assert max(stops) < min(starts)
 
 
-def test_every_log_line_is_json_with_the_fixed_keys(daemon: DaemonHarness) -> None:
+def test_every_log_line_is_json_with_the_fixed_keys(daemon: ReloadDaemon) -> None:
     """timestamp/level/event/logger everywhere; server events also carry server and pid."""
     mark = daemon.mark()
     daemon.write("version: 1\nservers: [\n")  # refused: config_reload_failed
     daemon.wait_event("config_reload_failed", after=mark)
-    daemon.write({**daemon.servers, "extra": entry(free_port())})  # type: ignore[attr-defined]
+    daemon.write({**daemon.servers, "extra": entry(free_port())})
     daemon.wait_event("server_ready", after=mark, server="extra")
-    daemon.write(daemon.servers)  # type: ignore[attr-defined]
+    daemon.write(daemon.servers)
     daemon.wait_event("server_stopped", after=mark, server="extra")
     lines = daemon.log_file.read_text().splitlines()
     for line in lines:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -67,7 +68,7 @@ def test_docs_show_the_table_the_code_has() -> None:
 
 
 @pytest.fixture
-def harness(tmp_path: Path) -> Any:
+def harness(tmp_path: Path) -> Iterator[DaemonHarness]:
     h = DaemonHarness(tmp_path)
     yield h
     h.cleanup()

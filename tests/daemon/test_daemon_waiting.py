@@ -3,15 +3,19 @@ by itself once it is. Decisions on a fake clock; the spawner is a recording stan
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Any
 
 import pytest
 
+from tests.daemon.test_supervisor_inprocess import state_of
 from veloxd.config import RestartPolicy
 from veloxd.config.world import Condition
+from veloxd.daemon.process import Child
 from veloxd.daemon.server import ServerProcess
 from veloxd.daemon.state import ServerState, recheck_delay
+from veloxd.daemon.supervised import Supervised
 from veloxd.daemon.supervisor import Supervisor
 
 S = ServerState
@@ -42,7 +46,9 @@ class Entry:
         return []
 
 
-class FakeChild:
+class FakeChild(Child):
+    """A Child with no process behind it (Child's __init__, which spawns one, is not run)."""
+
     def __init__(self, pid: int) -> None:
         self.pid = self.pgid = pid
         self.argv = ["worker"]
@@ -60,15 +66,23 @@ class FakeChild:
 
 
 class Spawner:
+    """Records the names it spawns; health probes go nowhere (no test here reaches READY by a probe)."""
+
     def __init__(self) -> None:
         self.spawned: list[str] = []
 
-    def spawn(self, name: str, spawn_id: int, entry: Any) -> Any:
+    def spawn(self, name: str, spawn_id: int, entry: Supervised) -> FakeChild:
         self.spawned.append(name)
         return FakeChild(1000 + len(self.spawned))
 
-    def probe_health(self, *args: Any) -> Any:
-        return None
+    def spawn_download(self, name: str, spawn_id: int, entry: Supervised) -> FakeChild:
+        raise AssertionError(f"{name}: no entry here has a model to download")
+
+    def probe_health(self, name: str, spawn_id: int, host: str, port: int, deadline: float) -> threading.Event:
+        return threading.Event()
+
+    def check_health(self, name: str, spawn_id: int, sequence: int, host: str, port: int, timeout: float) -> None:
+        raise AssertionError(f"{name}: no entry here has a health section")
 
 
 class Log:
@@ -89,7 +103,7 @@ class World:
         self.missing = list(missing)
         self.looks = 0
 
-    def __call__(self, entry: Any) -> list[Condition]:
+    def __call__(self, entry: Supervised) -> list[Condition]:
         self.looks += 1
         return list(self.missing)
 
@@ -106,18 +120,18 @@ def test_entry_waits_without_spawning_then_starts_once_the_condition_clears() ->
     world, spawner, log = World(PORT_HELD), Spawner(), Log()
     server = ServerProcess(Entry(), spawner, log, check_world=world)
     server.start(now=0.0)
-    assert server.state is S.WAITING and spawner.spawned == [] and server.next_deadline() == 1.0
+    assert state_of(server) is S.WAITING and spawner.spawned == [] and server.next_deadline() == 1.0
     assert [e for e, _ in log.events] == ["server_waiting"]
     assert log.events[0][1]["reason"] == PORT_HELD.message
     assert server.snapshot()["waiting_reason"] == PORT_HELD.message
     server.tick(0.99)
     assert world.looks == 1
     server.tick(1.0)  # still held: look again after 2 s, silently
-    assert server.state is S.WAITING and world.looks == 2 and server.next_deadline() == 3.0
+    assert state_of(server) is S.WAITING and world.looks == 2 and server.next_deadline() == 3.0
     assert len(log.events) == 1
     world.missing = []
     server.tick(3.0)
-    assert server.state is S.STARTING and spawner.spawned == ["a"]
+    assert state_of(server) is S.STARTING and spawner.spawned == ["a"]
     assert server.snapshot()["waiting_reason"] is None
 
 
@@ -138,19 +152,19 @@ def test_waiting_entry_stops_at_once_and_a_backoff_retry_can_wait() -> None:
     server = ServerProcess(Entry(), spawner, Log(), check_world=world)
     server.start(0.0)
     server.on_exit(server.spawn_id, 1, now=1.0)  # a crash: BACKOFF
-    assert server.state is S.BACKOFF
+    assert state_of(server) is S.BACKOFF
     world.missing = [NO_MODEL]  # the model went away meanwhile
     server.tick(10.0)
-    assert server.state is S.WAITING and len(spawner.spawned) == 1
+    assert state_of(server) is S.WAITING and len(spawner.spawned) == 1
     server.stop(11.0)
-    assert server.state is S.STOPPED
+    assert state_of(server) is S.STOPPED
 
 
 def test_model_reappearing_revives_fatal_and_waiting_but_its_absence_stops_no_running_server() -> None:
     """While a model path is missing, servers that run keep serving what they loaded; FATAL ones are
     restarted (into WAITING, visibly). Once it is back, WAITING ones look again at once."""
     world, spawner = World(), Spawner()
-    supervisor = Supervisor(spawner, Log())  # type: ignore[arg-type]
+    supervisor = Supervisor(spawner, Log())
     for name in ("ready", "fatal", "waiting"):
         server = supervisor.servers[name] = ServerProcess(Entry(name=name), spawner, Log(), check_world=world)
         server.start(0.0)
@@ -168,9 +182,9 @@ def test_model_reappearing_revives_fatal_and_waiting_but_its_absence_stops_no_ru
     }
 
     assert supervisor.model_changed(["ready", "fatal", "waiting"], present=False, now=2.0) == ["fatal"]
-    assert supervisor.servers["fatal"].state is S.WAITING and supervisor.servers["ready"].state is S.READY
+    assert state_of(supervisor.servers["fatal"]) is S.WAITING and state_of(supervisor.servers["ready"]) is S.READY
     world.missing = []
     assert supervisor.model_changed(["ready", "fatal", "waiting"], present=True, now=3.0) == ["ready"]
     assert supervisor.servers["fatal"].next_deadline() == 3.0  # looks again at the next tick
     supervisor.tick(3.0)
-    assert supervisor.servers["fatal"].state is S.STARTING and supervisor.servers["waiting"].state is S.STARTING
+    assert state_of(supervisor.servers["fatal"]) is S.STARTING and state_of(supervisor.servers["waiting"]) is S.STARTING

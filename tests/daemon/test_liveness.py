@@ -12,13 +12,15 @@ import signal
 from typing import Any
 
 import pytest
+from structlog.typing import EventDict
 
-from tests.daemon.test_supervisor_inprocess import FakeSpawner, bring_up, config_of, make_entry, names_of
+from tests.daemon.test_supervisor_inprocess import FakeSpawner, bring_up, config_of, make_entry, names_of, state_of
 from tests.support import free_port
 from veloxd.config.plan import diff
 from veloxd.config.sections import Health
 from veloxd.daemon import liveness
 from veloxd.daemon import messages as m
+from veloxd.daemon.server import ServerProcess
 from veloxd.daemon.state import IllegalTransition, ServerState, transition
 from veloxd.daemon.supervisor import Supervisor
 
@@ -67,7 +69,7 @@ def test_unresponsive_is_entered_only_from_ready_and_left_like_a_crash() -> None
 
 
 # ---- through the real Supervisor, with a fake clock -------------------------------------------
-def ready_server(supervisor: Supervisor, spawner: FakeSpawner, **extra: Any) -> Any:
+def ready_server(supervisor: Supervisor, spawner: FakeSpawner, **extra: Any) -> ServerProcess:
     a = make_entry("a", free_port(), health=dict(HEALTH), **extra)
     supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
     bring_up(supervisor, spawner, "a", 1.0)
@@ -81,7 +83,14 @@ def probe(supervisor: Supervisor, spawner: FakeSpawner, now: float, error: str |
     supervisor.on_message(m.HealthProbed(name, spawn_id, sequence, error), answered)
 
 
-def test_a_ready_server_is_probed_every_interval_with_its_timeout(supervisor, spawner) -> None:
+def due(server: ServerProcess) -> float:
+    """When the server wants the loop to wake next (asserted: the states it is read in have a deadline)."""
+    deadline = server.next_deadline()
+    assert deadline is not None, f"{server.name} has no deadline in state {server.state.value}"
+    return deadline
+
+
+def test_a_ready_server_is_probed_every_interval_with_its_timeout(supervisor: Supervisor, spawner: FakeSpawner) -> None:
     server = ready_server(supervisor, spawner)
     assert server.next_deadline() == 11.0 and spawner.checks == []
     supervisor.tick(10.9)
@@ -92,22 +101,24 @@ def test_a_ready_server_is_probed_every_interval_with_its_timeout(supervisor, sp
     assert server.next_deadline() == 21.1 and server.state is S.READY
 
 
-def test_a_probe_still_running_is_not_doubled(supervisor, spawner) -> None:
+def test_a_probe_still_running_is_not_doubled(supervisor: Supervisor, spawner: FakeSpawner) -> None:
     server = ready_server(supervisor, spawner)
     supervisor.tick(11.0)
     supervisor.tick(40.0)  # the first probe has not reported yet
     assert len(spawner.checks) == 1 and server.next_deadline() is None
 
 
-def test_failures_in_a_row_mark_it_unresponsive_then_sigterm_sigkill_and_backoff(supervisor, spawner, events) -> None:
+def test_failures_in_a_row_mark_it_unresponsive_then_sigterm_sigkill_and_backoff(
+    supervisor: Supervisor, spawner: FakeSpawner, events: list[EventDict]
+) -> None:
     server = ready_server(supervisor, spawner)
     child = spawner.latest("a")[1]
     probe(supervisor, spawner, 11.0, "no answer within 2 s", 13.0)
     probe(supervisor, spawner, 23.0, "no answer within 2 s", 25.0)
-    assert server.state is S.READY and server.snapshot()["health"] == {"probes": 2, "failures": 2}
+    assert state_of(server) is S.READY and server.snapshot()["health"] == {"probes": 2, "failures": 2}
     assert child.signals == []
     probe(supervisor, spawner, 35.0, "no answer within 2 s", 37.0)
-    assert server.state is S.UNRESPONSIVE and child.signals == [signal.SIGTERM]
+    assert state_of(server) is S.UNRESPONSIVE and child.signals == [signal.SIGTERM]
     event = next(e for e in events if e["event"] == "server_unresponsive")
     assert {
         k: event[k] for k in ("server", "pid", "failures", "interval_s", "timeout_s", "error", "stop_timeout_s")
@@ -129,16 +140,18 @@ def test_failures_in_a_row_mark_it_unresponsive_then_sigterm_sigkill_and_backoff
     assert names_of(events, "server_killed") == ["a"]
     child.returncode = -signal.SIGKILL
     supervisor.on_message(m.ChildExited("a", spawner.latest("a")[0], -signal.SIGKILL), 42.5)
-    assert server.state is S.BACKOFF and server.next_deadline() == 43.5  # backoff_initial_s, as a crash
+    assert state_of(server) is S.BACKOFF and server.next_deadline() == 43.5  # backoff_initial_s, as a crash
     backoff = next(e for e in events if e["event"] == "server_backoff")
     assert backoff["reason"] == "unresponsive" and backoff["failures"] == 1
     assert server.last_error is not None and server.last_error.startswith("unresponsive: 3 health probes failed")
     supervisor.tick(43.5)
-    assert server.state is S.STARTING and len(spawner.children) == 2
+    assert state_of(server) is S.STARTING and len(spawner.children) == 2
     assert server.snapshot()["health"] is None
 
 
-def test_a_success_between_failures_keeps_it_ready(supervisor, spawner, events) -> None:
+def test_a_success_between_failures_keeps_it_ready(
+    supervisor: Supervisor, spawner: FakeSpawner, events: list[EventDict]
+) -> None:
     server = ready_server(supervisor, spawner)
     probe(supervisor, spawner, 11.0, "HTTP 503", 11.1)
     probe(supervisor, spawner, 21.1, "HTTP 503", 21.2)
@@ -150,7 +163,7 @@ def test_a_success_between_failures_keeps_it_ready(supervisor, spawner, events) 
     assert len(names_of(events, "server_health_failed")) == 4
 
 
-def test_a_hung_worker_that_exits_on_sigterm_is_not_sigkilled(supervisor, spawner) -> None:
+def test_a_hung_worker_that_exits_on_sigterm_is_not_sigkilled(supervisor: Supervisor, spawner: FakeSpawner) -> None:
     server = ready_server(supervisor, spawner)
     for start in (11.0, 23.0, 35.0):
         probe(supervisor, spawner, start, "x", start + 2)
@@ -162,20 +175,20 @@ def test_a_hung_worker_that_exits_on_sigterm_is_not_sigkilled(supervisor, spawne
     assert server.state is S.STARTING  # backoff of 1 s was over by 100
 
 
-def test_stopping_an_unresponsive_server_keeps_its_kill_deadline(supervisor, spawner) -> None:
+def test_stopping_an_unresponsive_server_keeps_its_kill_deadline(supervisor: Supervisor, spawner: FakeSpawner) -> None:
     server = ready_server(supervisor, spawner)
     for start in (11.0, 23.0, 35.0):
         probe(supervisor, spawner, start, "x", start + 2)
     supervisor.stop_all(40.0)
     child = spawner.latest("a")[1]
-    assert server.state is S.STOPPING and child.signals == [signal.SIGTERM]
+    assert state_of(server) is S.STOPPING and child.signals == [signal.SIGTERM]
     supervisor.tick(42.0)
     assert child.signals == [signal.SIGTERM, signal.SIGKILL]
     supervisor.on_message(m.ChildExited("a", spawner.latest("a")[0], -signal.SIGKILL), 42.1)
-    assert server.state is S.STOPPED
+    assert state_of(server) is S.STOPPED
 
 
-def test_a_late_probe_report_after_a_restart_is_ignored(supervisor, spawner) -> None:
+def test_a_late_probe_report_after_a_restart_is_ignored(supervisor: Supervisor, spawner: FakeSpawner) -> None:
     server = ready_server(supervisor, spawner)
     supervisor.tick(11.0)
     old = spawner.checks[-1]
@@ -186,7 +199,7 @@ def test_a_late_probe_report_after_a_restart_is_ignored(supervisor, spawner) -> 
     assert server.state is S.READY and server.snapshot()["health"] == {"probes": 0, "failures": 0}
 
 
-def test_repeated_hangs_count_toward_fatal(supervisor, spawner) -> None:
+def test_repeated_hangs_count_toward_fatal(supervisor: Supervisor, spawner: FakeSpawner) -> None:
     server = ready_server(
         supervisor,
         spawner,
@@ -195,20 +208,20 @@ def test_repeated_hangs_count_toward_fatal(supervisor, spawner) -> None:
     now = 1.0
     for round_ in range(2):
         for _ in range(3):
-            now = server.next_deadline()
+            now = due(server)
             probe(supervisor, spawner, now, "x", now + 2)
         now += 2
-        assert server.state is S.UNRESPONSIVE, round_
+        assert state_of(server) is S.UNRESPONSIVE, round_
         supervisor.on_message(m.ChildExited("a", spawner.latest("a")[0], -signal.SIGTERM), now)
-        if server.state is S.BACKOFF:
-            now = server.next_deadline()
+        if state_of(server) is S.BACKOFF:
+            now = due(server)
             supervisor.tick(now)
             bring_up(supervisor, spawner, "a", now)
-    assert server.state is S.FATAL and server.fatal_reason is not None
+    assert state_of(server) is S.FATAL and server.fatal_reason is not None
     assert "2 failures within 600s" in server.fatal_reason
 
 
-def test_a_shorter_interval_applied_live_counts_from_the_update(supervisor, spawner) -> None:
+def test_a_shorter_interval_applied_live_counts_from_the_update(supervisor: Supervisor, spawner: FakeSpawner) -> None:
     a = make_entry("a", free_port(), health={"interval_s": 3600.0})
     supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
     bring_up(supervisor, spawner, "a", 1.0)
@@ -216,5 +229,6 @@ def test_a_shorter_interval_applied_live_counts_from_the_update(supervisor, spaw
     assert server.next_deadline() == 3601.0
     faster = make_entry("a", a.port, health={"interval_s": 2.0})
     supervisor.apply(diff(config_of(a), config_of(faster)), {"a": faster}, now=10.0)
-    assert server.state is S.READY and server.entry.health.interval_s == 2.0  # updated, not restarted
+    health = server.entry.health
+    assert server.state is S.READY and health is not None and health.interval_s == 2.0  # updated, not restarted
     assert server.next_deadline() == 12.0

@@ -11,8 +11,12 @@ from __future__ import annotations
 import os
 import signal
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
+
+from structlog.typing import EventDict
 
 from tests.fixtures.daemon_harness import FAKE_MODEL
 from tests.support import free_port
@@ -22,10 +26,12 @@ from veloxd.config.model import ServerEntry
 from veloxd.config.plan import diff
 from veloxd.config.sections import Dashboard
 from veloxd.daemon import messages as m
-from veloxd.daemon.process import process_start_time
+from veloxd.daemon.process import Child, process_start_time
+from veloxd.daemon.server import ServerProcess
 from veloxd.daemon.sidecar import NAME as DASHBOARD
 from veloxd.daemon.sidecar import DashboardSidecar, dashboard_snapshot
 from veloxd.daemon.state import ServerState
+from veloxd.daemon.supervised import Supervised
 from veloxd.daemon.supervisor import Supervisor
 from veloxd.daemon.views import status_code
 
@@ -34,8 +40,12 @@ RESTART = {"max_failures": 3, "window_s": 600, "backoff_initial_s": 1.0, "backof
 
 
 @dataclass
-class FakeChild:
-    """What ServerProcess reads of a worker: argv, pid, returncode, signals, last lines."""
+class FakeChild(Child):
+    """What ServerProcess reads of a worker: argv, pid, returncode, signals, last lines.
+
+    A Child as the Spawner protocol promises, with no process behind it: the dataclass's own
+    __init__ replaces Child's (which spawns one), and the methods ServerProcess calls are recorded.
+    """
 
     argv: list[str]
     pid: int
@@ -63,12 +73,12 @@ class FakeSpawner:
         self.probes: list[tuple[str, int]] = []
         self.checks: list[tuple[str, int, int, float]] = []  # liveness probes: name, spawn id, sequence, timeout
 
-    def spawn(self, name: str, spawn_id: int, entry: ServerEntry) -> FakeChild:
+    def spawn(self, name: str, spawn_id: int, entry: Supervised) -> FakeChild:
         child = FakeChild(argv=["veloxd", "serve", *entry.serve_argv()], pid=1000 + len(self.children))
         self.children.append((name, spawn_id, child))
         return child
 
-    def spawn_download(self, name: str, spawn_id: int, entry: ServerEntry) -> FakeChild:
+    def spawn_download(self, name: str, spawn_id: int, entry: Supervised) -> FakeChild:
         child = FakeChild(
             argv=["veloxd", "pull", "--progress-json", "--model", entry.model], pid=1000 + len(self.children)
         )
@@ -107,6 +117,7 @@ def config_of(*entries: ServerEntry) -> Config:
 def ready_line(sup: Supervisor, name: str) -> dict[str, Any]:
     """A READY payload echoing the entry's KV config, as veloxd.protocol requires."""
     kv = sup.servers[name].entry.kv
+    assert kv is not None, f"{name} has no KV config to echo"
     return {"method": kv.method, "config": kv.applied()}
 
 
@@ -127,32 +138,47 @@ def start_and_exit_with_code_2(sup: Supervisor, spawner: FakeSpawner, entry: Ser
     return child
 
 
-def names_of(events: list[dict[str, Any]], event: str) -> list[str]:
+def names_of(events: Sequence[Mapping[str, Any]], event: str) -> list[str]:
     return [e.get("server", "") for e in events if e["event"] == event]
 
 
-def test_start_ready_after_ready_line_and_health(supervisor, spawner, events) -> None:
+def state_of(server: ServerProcess) -> ServerState:
+    """The server's state now, read through a call: mypy keeps `server.state` narrowed by an earlier
+    `assert server.state is ...` across the calls that change it, and would call the next check impossible."""
+    return server.state
+
+
+def busy_now(sup: Supervisor) -> bool:
+    """`sup.busy` now, read through a call for the same reason as state_of."""
+    return sup.busy
+
+
+def test_start_ready_after_ready_line_and_health(
+    supervisor: Supervisor, spawner: FakeSpawner, events: list[EventDict]
+) -> None:
     a = make_entry("a", free_port())
     supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
-    assert supervisor.servers["a"].state is S.STARTING
+    assert state_of(supervisor.servers["a"]) is S.STARTING
     spawn_id, _ = spawner.latest("a")
     supervisor.on_message(m.ReadyLine("a", spawn_id, ready_line(supervisor, "a")), 2.0)
-    assert supervisor.servers["a"].state is S.STARTING  # READY needs /health too
+    assert state_of(supervisor.servers["a"]) is S.STARTING  # READY needs /health too
     assert spawner.probes == [("a", spawn_id)]
     supervisor.on_message(m.Healthy("a", spawn_id), 2.5)
-    assert supervisor.servers["a"].state is S.READY
+    assert state_of(supervisor.servers["a"]) is S.READY
     ready = next(e for e in events if e["event"] == "server_ready")
     assert ready["startup_s"] == 2.5 and ready["ready"] == ready_line(supervisor, "a")
 
 
-def test_ready_timeout_kills_then_backs_off_with_doubling_delays_then_fatal(supervisor, spawner, events) -> None:
+def test_ready_timeout_kills_then_backs_off_with_doubling_delays_then_fatal(
+    supervisor: Supervisor, spawner: FakeSpawner, events: list[EventDict]
+) -> None:
     a = make_entry("a", free_port())
     supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
     server = supervisor.servers["a"]
     now = 0.0
-    delays = []
+    delays: list[float] = []
     for attempt in range(3):
-        assert server.state is S.STARTING
+        assert state_of(server) is S.STARTING
         assert server.next_deadline() == now + 30
         now += 30
         supervisor.tick(now)
@@ -160,18 +186,22 @@ def test_ready_timeout_kills_then_backs_off_with_doubling_delays_then_fatal(supe
         assert child.signals == [signal.SIGKILL], f"attempt {attempt}"
         child.returncode = -9
         supervisor.on_message(m.ChildExited("a", spawn_id, -9), now)
-        if server.state is S.BACKOFF:
-            delays.append(server.next_deadline() - now)
-            now = server.next_deadline()
+        if state_of(server) is S.BACKOFF:
+            retry_at = server.next_deadline()
+            assert retry_at is not None  # BACKOFF always has its retry time
+            delays.append(retry_at - now)
+            now = retry_at
             supervisor.tick(now)
     assert delays == [1.0, 2.0]
-    assert server.state is S.FATAL
+    assert state_of(server) is S.FATAL
     assert server.fatal_reason == "3 failures within 600s"
     assert len(spawner.children) == 3
     assert names_of(events, "server_ready_timeout") == ["a", "a", "a"]
 
 
-def test_exit_code_2_is_fatal_at_once_with_the_reason(supervisor, spawner, events) -> None:
+def test_exit_code_2_is_fatal_at_once_with_the_reason(
+    supervisor: Supervisor, spawner: FakeSpawner, events: list[EventDict]
+) -> None:
     a = make_entry("a", free_port())
     child = start_and_exit_with_code_2(supervisor, spawner, a)
     server = supervisor.servers["a"]
@@ -181,22 +211,26 @@ def test_exit_code_2_is_fatal_at_once_with_the_reason(supervisor, spawner, event
     assert fatal["last_lines"]["stderr"] == [f"worker {child.pid} said goodbye"]
 
 
-def test_crash_after_ready_backs_off_and_the_next_start_is_a_new_spawn(supervisor, spawner) -> None:
+def test_crash_after_ready_backs_off_and_the_next_start_is_a_new_spawn(
+    supervisor: Supervisor, spawner: FakeSpawner
+) -> None:
     a = make_entry("a", free_port())
     supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
     first = bring_up(supervisor, spawner, "a", 1.0)
     first.returncode = -11
     supervisor.on_message(m.ChildExited("a", spawner.latest("a")[0], -11), 10.0)
     server = supervisor.servers["a"]
-    assert server.state is S.BACKOFF and server.next_deadline() == 11.0
+    assert state_of(server) is S.BACKOFF and server.next_deadline() == 11.0
     supervisor.tick(10.999)
-    assert server.state is S.BACKOFF  # not a moment early
+    assert state_of(server) is S.BACKOFF  # not a moment early
     supervisor.tick(11.0)
-    assert server.state is S.STARTING and len(spawner.children) == 2
+    assert state_of(server) is S.STARTING and len(spawner.children) == 2
     assert server.snapshot()["restarts"] == 1
 
 
-def test_ready_line_echoing_another_kv_config_is_refused_and_fatal(supervisor, spawner, events) -> None:
+def test_ready_line_echoing_another_kv_config_is_refused_and_fatal(
+    supervisor: Supervisor, spawner: FakeSpawner, events: list[EventDict]
+) -> None:
     a = make_entry("a", free_port(), method="kivi", bits=2)
     supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
     spawn_id, child = spawner.latest("a")
@@ -211,7 +245,7 @@ def test_ready_line_echoing_another_kv_config_is_refused_and_fatal(supervisor, s
     assert names_of(events, "server_refused") == ["a"]
 
 
-def test_malformed_ready_line_is_refused(supervisor, spawner) -> None:
+def test_malformed_ready_line_is_refused(supervisor: Supervisor, spawner: FakeSpawner) -> None:
     a = make_entry("a", free_port())
     supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
     spawn_id, child = spawner.latest("a")
@@ -221,7 +255,7 @@ def test_malformed_ready_line_is_refused(supervisor, spawner) -> None:
     assert supervisor.servers["a"].fatal_reason == "READY line is not JSON: ..."
 
 
-def test_reports_from_an_old_spawn_are_ignored(supervisor, spawner) -> None:
+def test_reports_from_an_old_spawn_are_ignored(supervisor: Supervisor, spawner: FakeSpawner) -> None:
     a = make_entry("a", free_port())
     supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
     old_id, old = spawner.latest("a")
@@ -236,13 +270,15 @@ def test_reports_from_an_old_spawn_are_ignored(supervisor, spawner) -> None:
     assert supervisor.servers["a"].state is S.STARTING
 
 
-def test_stop_sends_sigterm_then_sigkill_after_stop_timeout(supervisor, spawner, events) -> None:
+def test_stop_sends_sigterm_then_sigkill_after_stop_timeout(
+    supervisor: Supervisor, spawner: FakeSpawner, events: list[EventDict]
+) -> None:
     a = make_entry("a", free_port())
     supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
     child = bring_up(supervisor, spawner, "a", 1.0)
     supervisor.stop_all(100.0)
     server = supervisor.servers["a"]
-    assert server.state is S.STOPPING and child.signals == [signal.SIGTERM]
+    assert state_of(server) is S.STOPPING and child.signals == [signal.SIGTERM]
     supervisor.tick(104.9)
     assert child.signals == [signal.SIGTERM]
     supervisor.tick(105.0)
@@ -250,10 +286,12 @@ def test_stop_sends_sigterm_then_sigkill_after_stop_timeout(supervisor, spawner,
     assert names_of(events, "server_killed") == ["a"]
     child.returncode = -9
     supervisor.on_message(m.ChildExited("a", spawner.latest("a")[0], -9), 105.1)
-    assert server.state is S.STOPPED and supervisor.all_stopped()
+    assert state_of(server) is S.STOPPED and supervisor.all_stopped()
 
 
-def test_reload_restarts_only_the_changed_entry_after_its_old_worker_exits(supervisor, spawner, events) -> None:
+def test_reload_restarts_only_the_changed_entry_after_its_old_worker_exits(
+    supervisor: Supervisor, spawner: FakeSpawner, events: list[EventDict]
+) -> None:
     a, b = make_entry("a", free_port()), make_entry("b", free_port())
     supervisor.apply(diff(None, config_of(a, b)), {"a": a, "b": b}, now=0.0)
     child_a, child_b = bring_up(supervisor, spawner, "a", 1.0), bring_up(supervisor, spawner, "b", 1.0)
@@ -265,17 +303,17 @@ def test_reload_restarts_only_the_changed_entry_after_its_old_worker_exits(super
     supervisor.apply(plan, dict(desired.servers), now=5.0)
     assert child_a.signals == [] and child_b.signals == [signal.SIGTERM]
     assert len(spawner.children) == 2  # the new b waits until the old b is gone (port, memory)
-    assert supervisor.busy
+    assert busy_now(supervisor)
     child_b.returncode = 0
     supervisor.on_message(m.ChildExited("b", spawner.latest("b")[0], 0), 6.0)
-    assert not supervisor.busy
+    assert not busy_now(supervisor)
     assert len(spawner.children) == 3
     name, _, new_b = spawner.children[-1]
     assert name == "b" and protocol.read_entry_document(new_b.argv[-1])["kv"]["method"] == "kivi"
     assert supervisor.servers["a"].child is child_a and supervisor.servers["a"].state is S.READY
 
 
-def test_a_restart_queued_behind_another_rollout_shows_as_pending(supervisor, spawner) -> None:
+def test_a_restart_queued_behind_another_rollout_shows_as_pending(supervisor: Supervisor, spawner: FakeSpawner) -> None:
     """b's edit waits until a's rollout is done: b is still READY, but status must not call it settled."""
     a, b = make_entry("a", free_port()), make_entry("b", free_port())
     supervisor.apply(diff(None, config_of(a, b)), {"a": a, "b": b}, now=0.0)
@@ -302,7 +340,7 @@ def test_a_restart_queued_behind_another_rollout_shows_as_pending(supervisor, sp
     assert status_code({**state, "servers": snap}) == 0
 
 
-def test_live_only_change_updates_in_place_without_a_restart(supervisor, spawner) -> None:
+def test_live_only_change_updates_in_place_without_a_restart(supervisor: Supervisor, spawner: FakeSpawner) -> None:
     a = make_entry("a", free_port())
     supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
     child = bring_up(supervisor, spawner, "a", 1.0)
@@ -315,7 +353,7 @@ def test_live_only_change_updates_in_place_without_a_restart(supervisor, spawner
     assert len(spawner.children) == 1
 
 
-def test_any_edit_of_a_fatal_entry_starts_it_again(supervisor, spawner) -> None:
+def test_any_edit_of_a_fatal_entry_starts_it_again(supervisor: Supervisor, spawner: FakeSpawner) -> None:
     a = make_entry("a", free_port())
     start_and_exit_with_code_2(supervisor, spawner, a)
     assert supervisor.servers["a"].state is S.FATAL
@@ -325,7 +363,7 @@ def test_any_edit_of_a_fatal_entry_starts_it_again(supervisor, spawner) -> None:
     assert server.state is S.STARTING and server.fatal_reason is None and len(spawner.children) == 2
 
 
-def test_restart_of_a_fatal_server_clears_its_failures(supervisor, spawner) -> None:
+def test_restart_of_a_fatal_server_clears_its_failures(supervisor: Supervisor, spawner: FakeSpawner) -> None:
     a = make_entry("a", free_port())
     start_and_exit_with_code_2(supervisor, spawner, a)
     supervisor.restart(["a"], "restart_command", now=3.0)
@@ -333,7 +371,7 @@ def test_restart_of_a_fatal_server_clears_its_failures(supervisor, spawner) -> N
     assert server.state is S.STARTING and server.failures == [] and len(spawner.children) == 2
 
 
-def test_removed_entry_is_stopped_and_dropped(supervisor, spawner) -> None:
+def test_removed_entry_is_stopped_and_dropped(supervisor: Supervisor, spawner: FakeSpawner) -> None:
     a, b = make_entry("a", free_port()), make_entry("b", free_port())
     supervisor.apply(diff(None, config_of(a, b)), {"a": a, "b": b}, now=0.0)
     bring_up(supervisor, spawner, "a", 1.0)
@@ -345,7 +383,9 @@ def test_removed_entry_is_stopped_and_dropped(supervisor, spawner) -> None:
     assert set(supervisor.servers) == {"a"}
 
 
-def test_a_port_taken_by_a_stranger_waits_without_spawning_then_starts_once_free(supervisor, spawner) -> None:
+def test_a_port_taken_by_a_stranger_waits_without_spawning_then_starts_once_free(
+    supervisor: Supervisor, spawner: FakeSpawner
+) -> None:
     """A port held by someone else is a condition of the world: WAITING (no spawn, the reason names
     the port), looked at again on the recheck schedule, STARTING once the port is free."""
     import socket
@@ -357,16 +397,18 @@ def test_a_port_taken_by_a_stranger_waits_without_spawning_then_starts_once_free
         a = make_entry("a", holder.getsockname()[1])
         supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
         server = supervisor.servers["a"]
-        assert server.state is S.WAITING and spawner.children == []
+        assert state_of(server) is S.WAITING and spawner.children == []
         assert server.fatal_reason is None and str(a.port) in server.snapshot()["waiting_reason"]
         assert supervisor.next_deadline() == 1.0
     finally:
         holder.close()
     supervisor.tick(1.0)
-    assert server.state is S.STARTING and len(spawner.children) == 1
+    assert state_of(server) is S.STARTING and len(spawner.children) == 1
 
 
-def test_a_port_taken_between_the_check_and_the_bind_waits_too(supervisor, spawner, events) -> None:
+def test_a_port_taken_between_the_check_and_the_bind_waits_too(
+    supervisor: Supervisor, spawner: FakeSpawner, events: list[EventDict]
+) -> None:
     """The port was free when the daemon looked and taken when the worker bound it (exit 4): the
     same WAITING as a port found taken before spawning, no failure counted, started again later."""
     a = make_entry("a", free_port())
@@ -375,18 +417,18 @@ def test_a_port_taken_between_the_check_and_the_bind_waits_too(supervisor, spawn
     spawn_id, child = spawner.latest("a")
     child.returncode = protocol.ExitCode.PORT_IN_USE
     supervisor.on_message(m.ChildExited("a", spawn_id, child.returncode), 1.0)
-    assert server.state is S.WAITING and server.fatal_reason is None and server.snapshot()["failures"] == 0
+    assert state_of(server) is S.WAITING and server.fatal_reason is None and server.snapshot()["failures"] == 0
     assert server.snapshot()["waiting_reason"] == f"port {a.port} on 127.0.0.1 is in use"  # no error line: ours
     waiting = next(e for e in events if e["event"] == "server_waiting")
     assert waiting["conditions"][0]["kind"] == "port"
     supervisor.tick(2.0)  # the recheck finds the port free: a new worker
-    assert server.state is S.STARTING and len(spawner.children) == 2
+    assert state_of(server) is S.STARTING and len(spawner.children) == 2
     bring_up(supervisor, spawner, "a", 3.0)
-    assert server.state is S.READY
+    assert state_of(server) is S.READY
 
 
 def test_the_dashboard_runs_under_the_same_supervisor_in_a_lane_that_does_not_wait_for_servers(
-    supervisor, spawner, tmp_path
+    supervisor: Supervisor, spawner: FakeSpawner, tmp_path: Path
 ) -> None:
     """The dashboard's restart goes on while a server's stop is still awaited, and a reload's
     follow-up waits only for the servers' lane; the state file shows the dashboard on its own."""
@@ -396,20 +438,23 @@ def test_the_dashboard_runs_under_the_same_supervisor_in_a_lane_that_does_not_wa
     sidecar = DashboardSidecar(supervisor, tmp_path)
     sidecar.apply(Dashboard(port=free_port()), 1.0)
     dashboard = supervisor.servers[DASHBOARD]
-    assert dashboard.state is S.STARTING and spawner.latest(DASHBOARD)[1].argv[2:4] == ["--state-dir", str(tmp_path)]
+    assert state_of(dashboard) is S.STARTING and spawner.latest(DASHBOARD)[1].argv[2:4] == [
+        "--state-dir",
+        str(tmp_path),
+    ]
     spawn_id, _ = spawner.latest(DASHBOARD)
     supervisor.on_message(m.ReadyLine(DASHBOARD, spawn_id, {"endpoints": {}}), 2.0)  # no KV settings to check
     supervisor.on_message(m.Healthy(DASHBOARD, spawn_id), 2.0)
-    assert dashboard.state is S.READY and not supervisor.busy
+    assert state_of(dashboard) is S.READY and not busy_now(supervisor)
     supervisor.restart(["a"], "restart_requested", 3.0)  # a's stop lasts until its exit is reported
     sidecar.apply(Dashboard(port=free_port(), interval_s=2.0), 3.0)
-    assert supervisor.busy and dashboard.state is S.STOPPING
+    assert busy_now(supervisor) and state_of(dashboard) is S.STOPPING
     spawn_id, child = spawner.latest(DASHBOARD)
     child.returncode = 0
     supervisor.on_message(m.ChildExited(DASHBOARD, spawn_id, 0), 4.0)
-    assert dashboard.state is S.STARTING and "--interval-s" in spawner.latest(DASHBOARD)[1].argv
-    assert supervisor.servers["a"].state is S.STOPPING and supervisor.busy  # still the servers' rollout
+    assert state_of(dashboard) is S.STARTING and "--interval-s" in spawner.latest(DASHBOARD)[1].argv
+    assert state_of(supervisor.servers["a"]) is S.STOPPING and busy_now(supervisor)  # still the servers' rollout
     shown = dashboard_snapshot(supervisor.snapshot())
     assert shown is not None and shown["state"] == "starting" and "pending" not in shown
     sidecar.apply(None, 5.0)
-    assert dashboard.state is S.STOPPING
+    assert state_of(dashboard) is S.STOPPING

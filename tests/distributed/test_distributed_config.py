@@ -36,9 +36,9 @@ def heads_model(directory: Path, heads: int = 4, kv_heads: int = 2, index: bool 
         (model / "model.safetensors.index.json").write_text('{"weight_map": {}}')
 
 
-def config_with(tmp_path: Path, block: str, **model: object) -> Path:
+def config_with(tmp_path: Path, block: str, *, heads: int = 4, kv_heads: int = 2, index: bool = False) -> Path:
     path = write_config(tmp_path, entry(f"model: ./model\nport: 8081\nmethod: affine\ndistributed:\n{block}"))
-    heads_model(tmp_path, **model)  # type: ignore[arg-type]
+    heads_model(tmp_path, heads, kv_heads, index)
     return path
 
 
@@ -89,7 +89,9 @@ def test_hostfile_in_mlx_format_and_jaccl_rdma_shape(tmp_path: Path) -> None:
     ]
     (tmp_path / "hosts.json").write_text(json.dumps({"backend": "jaccl", "envs": [], "hosts": hosts}))
     config = inspect_config(config_with(tmp_path, "  hostfile: hosts.json\n  backend: jaccl\n")).config
-    assert config is not None and config.servers["coder"].distributed.hostfile == str(tmp_path / "hosts.json")
+    assert config is not None
+    distributed = config.servers["coder"].distributed
+    assert distributed is not None and distributed.hostfile == str(tmp_path / "hosts.json")
     hosts[1]["rdma"] = ["rdma_en3"]
     (tmp_path / "hosts.json").write_text(json.dumps({"hosts": hosts}))
     _, _, path, message = only_issue(config_with(tmp_path, "  hostfile: hosts.json\n  backend: jaccl\n"))

@@ -13,6 +13,8 @@ larger block on a rank holding half the heads.
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 import pytest
 
@@ -25,7 +27,7 @@ from veloxd.kv.quant.affine import AffineCache
 BLOCK = 1 << 14  # keys per block: large, so the score bound splits even a short prompt into query blocks
 KV_HEADS = 2  # one process; a rank of two holds 1
 DECODE_STEPS = 3
-CONFIGS = {
+CONFIGS: dict[str, dict[str, Any]] = {
     "affine": {"bits": 4},
     "qjl": {"bits": 4},
     "turboquant_prod": {"bits": 4},
@@ -71,7 +73,8 @@ def assert_halves_match(config: KVCacheConfig, ratio: int, dim: int) -> None:
     first = attention(config, q[:, :half_q], k[:, :half_kv], v[:, :half_kv], prompt)
     second = attention(config, q[:, half_q:], k[:, half_kv:], v[:, half_kv:], prompt)
     for name, part, expected in (("first", first, full[:, :half_q]), ("second", second, full[:, half_q:])):
-        differ = int((part != expected).sum().item())
+        differ = (part != expected).sum().item()
+        assert isinstance(differ, int), differ  # the sum of a bool array is an integer array
         assert differ == 0, f"{name} half: {differ} of {part.size} outputs differ (R={ratio}, D={dim}, L={prompt})"
 
 

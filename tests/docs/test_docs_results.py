@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -66,7 +67,7 @@ def test_speed_summary_gives_speeds_against_the_references_of_the_same_run() -> 
     assert "× mlx_lm.server's 1.50 s" in text and "| affine | 1.20 | 0.90 |" in text
 
 
-def test_speed_summary_names_a_missing_results_file_and_its_command(tmp_path) -> None:
+def test_speed_summary_names_a_missing_results_file_and_its_command(tmp_path: Path) -> None:
     from benchmarks.docs import speed_section
 
     speed, _, _ = _speed_results()

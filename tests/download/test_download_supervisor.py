@@ -13,6 +13,7 @@ from tests.daemon.test_supervisor_inprocess import FakeSpawner, config_of, make_
 from tests.support import free_port
 from veloxd.config.plan import diff
 from veloxd.daemon import messages as m
+from veloxd.daemon.server import ServerProcess
 from veloxd.daemon.state import ServerState
 from veloxd.daemon.supervisor import Supervisor
 from veloxd.download.protocol import EXIT_FATAL, EXIT_RETRY
@@ -22,7 +23,7 @@ S = ServerState
 
 def setup(tmp_path: Path, **extra: Any) -> tuple[Supervisor, FakeSpawner, Any]:
     spawner = FakeSpawner()
-    sup = Supervisor(spawner, structlog.get_logger("test"))  # type: ignore[arg-type]
+    sup = Supervisor(spawner, structlog.get_logger("test"))
     entry = make_entry("a", free_port(), model="o/m", env={"HF_HOME": str(tmp_path / "empty")}, **extra)
     sup.apply(diff(None, config_of(entry)), {"a": entry}, now=0.0)
     return sup, spawner, entry
@@ -31,6 +32,12 @@ def setup(tmp_path: Path, **extra: Any) -> tuple[Supervisor, FakeSpawner, Any]:
 def line(sup: Supervisor, spawner: FakeSpawner, now: float, **payload: Any) -> None:
     spawn_id, _ = spawner.latest("a")
     sup.on_message(m.DownloadLine("a", spawn_id, payload), now)
+
+
+def state(server: ServerProcess) -> ServerState:
+    """The server's state now: read through a call, as mypy keeps `server.state` narrowed by an earlier
+    assert across the supervisor calls that change it."""
+    return server.state
 
 
 def exit_step(sup: Supervisor, spawner: FakeSpawner, code: int, now: float) -> None:
@@ -43,7 +50,7 @@ def test_download_then_the_worker_with_the_ready_timeout_from_then(tmp_path: Pat
     with structlog.testing.capture_logs() as events:
         sup, spawner, _ = setup(tmp_path, ready_timeout_s=30)
         server = sup.servers["a"]
-        assert server.state is S.DOWNLOADING and spawner.latest("a")[1].argv[:3] == [
+        assert state(server) is S.DOWNLOADING and spawner.latest("a")[1].argv[:3] == [
             "veloxd",
             "pull",
             "--progress-json",
@@ -53,10 +60,10 @@ def test_download_then_the_worker_with_the_ready_timeout_from_then(tmp_path: Pat
         for second in range(2, 600):  # ten minutes at 1.6 bytes/s: far longer than ready_timeout_s
             line(sup, spawner, float(second), event="progress", done_bytes=second * 1000 // 600, total_bytes=1000)
             sup.tick(float(second))
-        assert server.state is S.DOWNLOADING and server.snapshot()["download"]["percent"] == 99.8
+        assert state(server) is S.DOWNLOADING and server.snapshot()["download"]["percent"] == 99.8
         line(sup, spawner, 600.0, event="done", total_bytes=1000, fetched_bytes=1000, revision="c" * 40, path="/p")
         exit_step(sup, spawner, 0, 600.5)
-        assert server.state is S.STARTING and spawner.latest("a")[1].argv[:2] == ["veloxd", "serve"]
+        assert state(server) is S.STARTING and spawner.latest("a")[1].argv[:2] == ["veloxd", "serve"]
         assert server.next_deadline() == 600.5 + 30  # the ready timeout starts with loading
         assert server.snapshot()["download"] is None and server.snapshot()["restarts"] == 0
     progress = [e for e in events if e["event"] == "server_downloading" and "done_bytes" in e]
@@ -70,7 +77,7 @@ def test_a_fatal_verdict_is_fatal_at_once_with_the_message(tmp_path: Path) -> No
     line(sup, spawner, 1.0, event="failed", reason="gated", message="o/m is a gated model: accept its terms")
     exit_step(sup, spawner, EXIT_FATAL, 1.5)
     server = sup.servers["a"]
-    assert server.state is S.FATAL and server.fatal_reason == "o/m is a gated model: accept its terms"
+    assert state(server) is S.FATAL and server.fatal_reason == "o/m is a gated model: accept its terms"
     assert len(spawner.children) == 1  # no retry, no worker
 
 
@@ -79,19 +86,20 @@ def test_network_trouble_backs_off_and_downloads_again(tmp_path: Path) -> None:
     server = sup.servers["a"]
     line(sup, spawner, 1.0, event="failed", reason="network", message="cannot reach the hub")
     exit_step(sup, spawner, EXIT_RETRY, 1.0)
-    assert server.state is S.BACKOFF and server.next_deadline() == 2.0  # backoff_initial_s
+    assert state(server) is S.BACKOFF and server.next_deadline() == 2.0  # backoff_initial_s
     sup.tick(2.0)
-    assert server.state is S.DOWNLOADING and len(spawner.children) == 2
+    assert state(server) is S.DOWNLOADING and len(spawner.children) == 2
     exit_step(sup, spawner, EXIT_RETRY, 3.0)
     sup.tick(5.0)
     exit_step(sup, spawner, EXIT_RETRY, 6.0)  # the third failure within the window: FATAL, with the last message
-    assert server.state is S.FATAL and server.fatal_reason.startswith("3 failures within 600s; last: ")
+    reason = server.fatal_reason
+    assert state(server) is S.FATAL and reason is not None and reason.startswith("3 failures within 600s; last: ")
 
 
 def test_stopping_during_a_download_terminates_the_step(tmp_path: Path) -> None:
     sup, spawner, _ = setup(tmp_path)
     sup.stop_all(1.0)
     _, step = spawner.latest("a")
-    assert sup.servers["a"].state is S.STOPPING and step.signals == [signal.SIGTERM]
+    assert state(sup.servers["a"]) is S.STOPPING and step.signals == [signal.SIGTERM]
     exit_step(sup, spawner, -signal.SIGTERM, 1.2)
-    assert sup.servers["a"].state is S.STOPPED
+    assert state(sup.servers["a"]) is S.STOPPED

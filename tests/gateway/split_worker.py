@@ -45,5 +45,5 @@ if __name__ == "__main__":
             else:
                 plain_post(self)
 
-        fake_worker.Health.do_POST = do_post  # type: ignore[method-assign]
+        fake_worker.Health.do_POST = do_post  # type: ignore[method-assign]  # deliberately, in this process only
     raise SystemExit(fake_worker.main())

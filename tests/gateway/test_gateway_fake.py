@@ -12,8 +12,10 @@ import json
 import os
 import signal
 import urllib.request
+from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
@@ -36,7 +38,7 @@ from veloxd.gateway.events import BATCH_S
 
 
 @pytest.fixture
-def harness(tmp_path: Path):
+def harness(tmp_path: Path) -> Iterator[DaemonHarness]:
     h = DaemonHarness(tmp_path)
     yield h
     h.cleanup()
@@ -55,7 +57,7 @@ def _reload(h: DaemonHarness, text: str) -> dict:
 def test_routing_limits_auth_and_live_changes_without_restarts(harness: DaemonHarness, tmp_path: Path) -> None:
     h = harness
     alpha, beta = model_dir(tmp_path, "alpha-model"), model_dir(tmp_path, "beta-model")
-    gateway = {"port": free_port(), "max_body_bytes": 2000}
+    gateway: dict[str, Any] = {"port": free_port(), "max_body_bytes": 2000}
     servers = {"alpha": fake_entry(alpha, aliases=["fast"], assigned_port=True), "beta": fake_entry(beta)}
     h.write(gateway_yaml(gateway, servers))
     h.start(env={"GW_KEY": "s3cret"})

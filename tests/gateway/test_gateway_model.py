@@ -6,9 +6,11 @@ import concurrent.futures
 import os
 import signal
 from pathlib import Path
+from typing import Any
 
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from tests.fixtures.daemon_harness import DaemonHarness, pid_alive
 from tests.gateway.support import GATEWAY, LOAD_S, MODEL, events_after, gateway_yaml, models, real_entry
@@ -46,7 +48,7 @@ def test_one_endpoint_for_every_server(tmp_path: Path, request: pytest.FixtureRe
         h.start()
         h.wait_states({GATEWAY: "ready", "alpha": "ready", "beta": "ready", "lazy": "stopped"}, timeout=LOAD_S)
         api = client(gateway["port"], request)
-        hello = [{"role": "user", "content": "hello"}]
+        hello: list[ChatCompletionMessageParam] = [{"role": "user", "content": "hello"}]
 
         for model, served in (("alpha", "alpha"), ("fast", "alpha"), ("beta", "beta"), (MODEL, None)):
             if served is None:  # alpha, beta and lazy serve the same files: the path is ambiguous, not routed
@@ -70,9 +72,9 @@ def test_one_endpoint_for_every_server(tmp_path: Path, request: pytest.FixtureRe
         streamed = h.wait_event("gateway_request", server="beta", stream=True)
         assert streamed["status"] == 200 and streamed["tokens_out"] == 12 and streamed["first_byte_s"] is not None
 
-        listed = {m.id: m for m in api.models.list()}
+        listed = {m.id: m.to_dict() for m in api.models.list()}  # with the gateway's fields beyond OpenAI's
         assert set(listed) == {"alpha", "beta", "lazy"}
-        assert (listed["lazy"].state, listed["lazy"].start, listed["alpha"].aliases) == (
+        assert (listed["lazy"]["state"], listed["lazy"]["start"], listed["alpha"]["aliases"]) == (
             "stopped",
             "on_demand",
             ["fast"],
@@ -98,8 +100,8 @@ def test_one_endpoint_for_every_server(tmp_path: Path, request: pytest.FixtureRe
                 seen += 1
                 if seen == 3:
                     os.kill(first, signal.SIGKILL)
-        answer = api.completions.create(model="alpha", prompt="again", max_tokens=3)  # waits for the restart
-        assert answer.model == "alpha" and h.server("alpha")["pid"] not in (None, first) and not pid_alive(first)
+        again = api.completions.create(model="alpha", prompt="again", max_tokens=3)  # waits for the restart
+        assert again.model == "alpha" and h.server("alpha")["pid"] not in (None, first) and not pid_alive(first)
 
         pids = h.pids()
         servers["alpha"]["aliases"] = ["quick"]
@@ -126,7 +128,7 @@ def test_memory_admission_with_measured_needs(tmp_path: Path, request: pytest.Fi
     """A budget that fits one model: the request for the second unloads the idle first. A budget that
     fits neither: 503 naming the need and the budget."""
     h = DaemonHarness(tmp_path, real_worker=True)
-    gateway = {"port": free_port(), "memory_budget": "100G"}
+    gateway: dict[str, Any] = {"port": free_port(), "memory_budget": "100G"}
     servers = {"one": real_entry(start="on_demand"), "two": real_entry(start="on_demand")}
     h.write(gateway_yaml(gateway, servers))
     try:

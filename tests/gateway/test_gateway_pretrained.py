@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from testkit import pretrained
 from tests.fixtures.daemon_harness import DaemonHarness
@@ -15,7 +16,7 @@ from tests.gateway.support import GATEWAY, LOAD_S, gateway_yaml, models, real_en
 from tests.gateway.test_gateway_model import client, reload
 from tests.support import free_port, wait_until
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+QUESTION: list[ChatCompletionMessageParam] = [{"role": "user", "content": "What is the capital of France?"}]
 
 
 @pytest.mark.slow

@@ -9,14 +9,17 @@ from __future__ import annotations
 import copy
 import gc
 from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
-from tests.kv.support import reference_attention
+from tests.kv.support import merged, reference_attention
 from veloxd.kv.base import LayerSpec
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.factory import cache_class
+from veloxd.kv.quant.tokenbatch import TokenQuantBatchCache
+from veloxd.kv.quant.tokencache import TokenQuantCache
 
 HEADS, Q_HEADS, DIM = 2, 4, 128
 SCALE = DIM**-0.5
@@ -35,12 +38,14 @@ def queries(n: int, seed: int, batch: int = 1) -> mx.array:
     return mx.random.normal((batch, Q_HEADS, n, DIM), key=mx.random.key(seed))
 
 
-def new_cache(config: KVCacheConfig, layer_index: int = 0):
-    return cache_class(config.method)(config, LayerSpec(layer_index, 4))
+def new_cache(config: KVCacheConfig, layer_index: int = 0) -> TokenQuantCache:
+    cache = cache_class(config.method)(config, LayerSpec(layer_index, 4))
+    assert isinstance(cache, TokenQuantCache), type(cache)  # the methods these helpers serve: per-token codecs
+    return cache
 
 
 def relative_error(approx: mx.array, exact: mx.array) -> float:
-    return (mx.linalg.norm(approx - exact) / mx.linalg.norm(exact)).item()
+    return float(mx.linalg.norm(approx - exact) / mx.linalg.norm(exact))
 
 
 def attention_error(config: KVCacheConfig, outlier_scale: float = 1.0, n: int = 200) -> float:
@@ -53,13 +58,14 @@ def attention_error(config: KVCacheConfig, outlier_scale: float = 1.0, n: int = 
     return relative_error(cache.attend(q, SCALE, None), exact)
 
 
-def state_round_trip(config: KVCacheConfig, path: Path) -> tuple[object, object, object]:
+def state_round_trip(config: KVCacheConfig, path: Path) -> tuple[TokenQuantCache, TokenQuantCache, TokenQuantCache]:
     """(original, reloaded via mlx_lm's save/load_prompt_cache, deep copy as mlx_lm's server makes)."""
     keys, values = kv(70, seed=3)
     cache = new_cache(config)
     cache.update_and_fetch(keys, values)
     save_prompt_cache(str(path), [cache])
     (loaded,) = load_prompt_cache(str(path))
+    assert isinstance(loaded, TokenQuantCache), type(loaded)
     return cache, loaded, copy.deepcopy(cache)
 
 
@@ -78,17 +84,19 @@ def trim_then_continue(config: KVCacheConfig) -> tuple[mx.array, mx.array, int]:
     return trimmed.attend(q, SCALE, None), fresh.attend(q, SCALE, None), n
 
 
-def batched_and_single(config: KVCacheConfig) -> tuple[list[mx.array], list[mx.array], object]:
+def batched_and_single(config: KVCacheConfig) -> tuple[list[mx.array], list[mx.array], TokenQuantBatchCache]:
     """Per-row decode outputs from a merged batch and from the single caches (prompts 37 and 20)."""
     lengths = (37, 20)
-    singles, prompts = [], []
+    singles: list[TokenQuantCache] = []
+    prompts: list[tuple[mx.array, mx.array]] = []
     for row, n in enumerate(lengths):
         keys, values = kv(n + 1, seed=10 + row)
         prompts.append((keys, values))
         cache = new_cache(config)
         cache.update_and_fetch(keys[:, :, :n], values[:, :, :n])
         singles.append(cache)
-    batch = type(singles[0]).merge(singles)
+    batch = merged(singles)
+    assert isinstance(batch, TokenQuantBatchCache), type(batch)
     step_k = mx.concatenate([k[:, :, n : n + 1] for (k, _), n in zip(prompts, lengths)])  # [2, H, 1, D]
     step_v = mx.concatenate([v[:, :, n : n + 1] for (_, v), n in zip(prompts, lengths)])
     q = queries(1, seed=20, batch=2)
@@ -107,10 +115,12 @@ def stored_bits_per_element(config: KVCacheConfig, n: int = 512) -> tuple[float,
     keys, values = kv(n, seed=6)
     cache = new_cache(config)
     cache.update_and_fetch(keys, values)
-    codes = cache.state[1 : 1 + len(cache.codec.fields)]  # per-token arrays (the recent window is fixed bytes)
+    codec = cache.codec
+    assert codec is not None  # built by the first append
+    codes = cache.state[1 : 1 + len(codec.fields)]  # per-token arrays (the recent window is fixed bytes)
     held = sum(a.nbytes for a in codes) * 8
     elements = HEADS * n * (DIM + DIM)
-    return held / elements, cache.codec.bits_per_token() / (cache.codec.k_dim + cache.codec.v_dim)
+    return held / elements, codec.bits_per_token() / (codec.k_dim + codec.v_dim)
 
 
 def resident_bytes(config: KVCacheConfig, n: int = 1024) -> tuple[int, int]:
@@ -150,18 +160,19 @@ def teacher_forced_logits(model_path: Path, config: KVCacheConfig, prefill: int 
 
 def agreement_and_kl(reference: mx.array, logits: mx.array) -> tuple[float, float]:
     """(top-1 agreement, mean KL(reference || logits)) over positions."""
-    agreement = (mx.argmax(logits, -1) == mx.argmax(reference, -1)).mean().item()
+    agreement = float((mx.argmax(logits, -1) == mx.argmax(reference, -1)).mean())
     log_p = reference - mx.logsumexp(reference, -1, keepdims=True)
     log_q = logits - mx.logsumexp(logits, -1, keepdims=True)
-    return agreement, (mx.exp(log_p) * (log_p - log_q)).sum(-1).mean().item()
+    return agreement, float((mx.exp(log_p) * (log_p - log_q)).sum(-1).mean())
 
 
-_MODELS: dict[Path, tuple] = {}
+_MODELS: dict[Path, tuple[Any, Any]] = {}
 
 
-def _loaded(model_path: Path) -> tuple:
+def _loaded(model_path: Path) -> tuple[Any, Any]:
+    """(model, tokenizer) of mlx_lm's load, once per path."""
     from mlx_lm import load
 
     if model_path not in _MODELS:
-        _MODELS[model_path] = load(str(model_path))
+        _MODELS[model_path] = load(str(model_path))[:2]
     return _MODELS[model_path]

@@ -4,12 +4,16 @@ from __future__ import annotations
 
 import copy
 import gc
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import mlx.core as mx
 import pytest
 
 from veloxd.kv import KVCacheConfig, make_caches, registry
+from veloxd.kv.base import Batchable, VeloxCache
+
+T = TypeVar("T")
 
 # Small windows so short test prompts really reach the quantized form.
 TEST_OVERRIDES: dict[str, dict[str, Any]] = {"kivi": {"kivi_group_size": 32, "kivi_residual_length": 32}}
@@ -43,6 +47,7 @@ def prefill(model: Any, cache: list[Any], tokens: list[int], step: int) -> mx.ar
     for start in range(0, len(tokens), step):
         logits = model(mx.array(tokens[start : start + step])[None], cache=cache)
         mx.eval([c.state for c in cache])
+    assert logits is not None, "no tokens to prefill"
     return logprobs_of(logits[0, -1])
 
 
@@ -55,9 +60,10 @@ def greedy(model: Any, cache: list[Any], prompt: list[int], n: int, step: int = 
     if len(prompt) > 1:
         prefill(model, cache, prompt[:-1], step)
     lp = prefill(model, cache, prompt[-1:], 1)
-    tokens, lps = [], []
+    tokens: list[int] = []
+    lps: list[mx.array] = []
     for _ in range(n):
-        token = int(mx.argmax(lp).item())
+        token = int(mx.argmax(lp))
         tokens.append(token)
         lps.append(lp)
         lp = prefill(model, cache, [token], 1)
@@ -66,7 +72,7 @@ def greedy(model: Any, cache: list[Any], prompt: list[int], n: int, step: int = 
 
 def kl(p_log: mx.array, q_log: mx.array) -> float:
     """KL(p || q) of two log-probability vectors."""
-    return float((mx.exp(p_log) * (p_log - q_log)).sum().item())
+    return float((mx.exp(p_log) * (p_log - q_log)).sum())
 
 
 def fresh(model: Any, method: str, bits: int | None = None, **fields: Any) -> list[Any]:
@@ -106,7 +112,7 @@ def settle() -> int:
     return mx.get_active_memory()
 
 
-def resident_bytes_of(build: Any) -> tuple[Any, int]:
+def resident_bytes_of(build: Callable[[], T]) -> tuple[T, int]:
     """Build an object with `build()`, evaluate it, and return it with the memory it keeps resident."""
     before = settle()
     obj = build()
@@ -129,8 +135,8 @@ def run_batched(
     uid_of = {}
     for i, uid in enumerate(gen.insert(prompts[:early], max_tokens=max_tokens[:early], caches=caches[:early])):
         uid_of[uid] = i
-    tokens = {i: [] for i in range(len(prompts))}
-    lps = {i: [] for i in range(len(prompts))}
+    tokens: dict[int, list[int]] = {i: [] for i in range(len(prompts))}
+    lps: dict[int, list[mx.array]] = {i: [] for i in range(len(prompts))}
     extracted: dict[int, list[Any]] = {}
     classes: set[type] = set()
     steps = 0
@@ -157,12 +163,19 @@ def deep(cache: list[Any]) -> list[Any]:
     return copy.deepcopy(cache)
 
 
+def merged(caches: list[Any]) -> VeloxCache:
+    """One batch cache of per-request caches, as mlx_lm's BatchGenerator makes it: their class's `merge`."""
+    cls = type(caches[0])
+    assert issubclass(cls, Batchable), f"{cls.__name__} has no merge"
+    return cls.merge(caches)
+
+
 HEADS, DIM, SCALE = 2, 128, 128**-0.5
 OUTLIER_CHANNELS = [3, 50, 77, 100]
 
 
 def rel(a: mx.array, b: mx.array) -> float:
-    return (mx.linalg.norm(a - b) / mx.linalg.norm(b)).item()
+    return float(mx.linalg.norm(a - b) / mx.linalg.norm(b))
 
 
 def data(n: int = 512, outliers: bool = False, seed: int = 0) -> tuple[mx.array, mx.array, mx.array]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 import pytest
 
@@ -11,7 +12,7 @@ from veloxd.kv import KVCacheConfig, registry
 from veloxd.kv.config import OWN_KEYS, SHARED, fields_for, override_fields_for, parse_value, settings
 
 
-def test_defaults_resolve_bits_per_method():
+def test_defaults_resolve_bits_per_method() -> None:
     assert KVCacheConfig("fp16").bits is None
     for name in registry.methods_with_bits():
         info = registry.get(name)
@@ -20,13 +21,13 @@ def test_defaults_resolve_bits_per_method():
 
 
 @pytest.mark.parametrize("method", registry.names())
-def test_every_method_round_trips_through_dicts(method):
+def test_every_method_round_trips_through_dicts(method: str) -> None:
     config = KVCacheConfig(method)
     assert KVCacheConfig.from_dict(config.to_dict()) == config
     assert config.to_dict()["method"] == method
 
 
-def test_non_default_overrides_round_trip_and_are_reported():
+def test_non_default_overrides_round_trip_and_are_reported() -> None:
     config = KVCacheConfig("kivi", bits=2, kivi_group_size=64, kivi_residual_length=256)
     again = KVCacheConfig.from_dict(config.to_dict())
     assert again == config
@@ -48,29 +49,29 @@ def test_non_default_overrides_round_trip_and_are_reported():
         ({"method": "turbo_quant_mse"}, "did you mean 'turboquant_mse'?"),
     ],
 )
-def test_invalid_configs_raise_value_error_naming_field_and_method(kwargs, message):
+def test_invalid_configs_raise_value_error_naming_field_and_method(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError, match=message.replace("[", r"\[").replace("?", r"\?")):
         KVCacheConfig(**kwargs)
 
 
-def test_irrelevant_field_left_at_its_default_is_accepted():
+def test_irrelevant_field_left_at_its_default_is_accepted() -> None:
     assert KVCacheConfig("h2o", kivi_group_size=32).method == "h2o"
 
 
-def test_from_dict_rejects_unknown_keys_with_a_suggestion():
+def test_from_dict_rejects_unknown_keys_with_a_suggestion() -> None:
     with pytest.raises(ValueError, match="unknown field 'kivi_groupsize'; did you mean 'kivi_group_size'"):
         KVCacheConfig.from_dict({"method": "kivi", "kivi_groupsize": 64})
     with pytest.raises(ValueError, match="missing field 'method'"):
         KVCacheConfig.from_dict({"bits": 4})
 
 
-def test_config_is_frozen():
+def test_config_is_frozen() -> None:
     config = KVCacheConfig("affine")
     with pytest.raises(dataclasses.FrozenInstanceError):
         config.bits = 8  # type: ignore[misc]
 
 
-def test_every_field_has_complete_metadata_and_a_valid_default():
+def test_every_field_has_complete_metadata_and_a_valid_default() -> None:
     names = set(registry.names())
     for f in settings():
         meta = f.metadata
@@ -84,7 +85,7 @@ def test_every_field_has_complete_metadata_and_a_valid_default():
             assert all(any(f.name.startswith(p) for p in ps) for ps in prefixes), f"{f.name} lacks its method prefix"
 
 
-def test_registry_fields_are_derived_from_config_metadata():
+def test_registry_fields_are_derived_from_config_metadata() -> None:
     assert fields_for("kivi") == ("bits", "kivi_group_size", "kivi_residual_length")
     assert fields_for("fp16") == ()
     assert "seed" in fields_for("turboquant_mse") and "seed" not in fields_for("kivi")
@@ -93,7 +94,7 @@ def test_registry_fields_are_derived_from_config_metadata():
     assert "recent_window" not in fields_for("qjl")
 
 
-def test_registry_flags_are_honest_values():
+def test_registry_flags_are_honest_values() -> None:
     for name in registry.names():
         info = registry.get(name)
         assert info.storage in ("fp16", "packed", "evicted")
@@ -104,7 +105,7 @@ def test_registry_flags_are_honest_values():
             assert info.storage == "evicted" and info.trimmable == "until_eviction"
 
 
-def test_parse_value_types_strings_by_field():
+def test_parse_value_types_strings_by_field() -> None:
     assert parse_value("kivi_group_size", "64") == 64
     assert parse_value("affine_rotate", "yes") is True
     assert parse_value("affine_key_bits", "none") is None
@@ -112,7 +113,7 @@ def test_parse_value_types_strings_by_field():
         parse_value("affine_rotate", "maybe")
 
 
-def test_config_and_registry_import_no_mlx():
+def test_config_and_registry_import_no_mlx() -> None:
     code = "import sys, veloxd.kv, veloxd.kv.config, veloxd.kv.registry; print('mlx' in sys.modules)"
     out = run_python(code, timeout=60)
     assert out.stdout.strip() == "False", out.stderr

@@ -6,6 +6,8 @@ Real MLX arrays, the real tiny model, mlx_lm's own save/load and BatchGenerator;
 from __future__ import annotations
 
 import copy
+from pathlib import Path
+from typing import Any
 
 import mlx.core as mx
 import pytest
@@ -34,13 +36,13 @@ HEADS, DIM = 2, 128
 
 
 @pytest.fixture(scope="module")
-def lm(tiny_model):
+def lm(tiny_model: Path) -> tuple[Any, list[list[int]]]:
     """(model, prompts): the tiny model and three prompts of different lengths (~90, ~40, ~65 tokens)."""
     from mlx_lm import load
 
     from testkit.tinymodel import corpus
 
-    model, tokenizer = load(str(tiny_model))
+    model, tokenizer = load(str(tiny_model))[:2]
     text = " ".join(corpus()[:3])
     ids = tokenizer.encode(text)
     return model, [ids[:90], ids[200:240], ids[400:465]]
@@ -56,7 +58,7 @@ def standalone(method: str, bits: int | None = None) -> VeloxCache:
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_registry_flags_match_the_class(method):
+def test_registry_flags_match_the_class(method: str) -> None:
     info = registry.get(method)
     cls = cache_class(method)
     assert info.storage == "packed"
@@ -66,7 +68,7 @@ def test_registry_flags_match_the_class(method):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_bookkeeping_of_a_standalone_cache(method):
+def test_bookkeeping_of_a_standalone_cache(method: str) -> None:
     cache = standalone(method)
     assert cache.empty() and cache.size() == 0 and cache.offset == 0 and cache.nbytes == 0
     keys, values = random_kv(40)
@@ -82,11 +84,11 @@ def test_bookkeeping_of_a_standalone_cache(method):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_nbytes_is_what_stays_resident(method):
+def test_nbytes_is_what_stays_resident(method: str) -> None:
     keys, values = random_kv(1024)
     mx.eval(keys, values)
 
-    def build():
+    def build() -> VeloxCache:
         cache = standalone(method)
         for start in range(0, 1024, 256):
             cache.update_and_fetch(keys[:, :, start : start + 256], values[:, :, start : start + 256])
@@ -105,22 +107,24 @@ def test_nbytes_is_what_stays_resident(method):
 TOKEN_CODEC_METHODS = [p for p in METHODS if issubclass(cache_class(p.values[0]), TokenQuantCache)]
 
 
-def test_token_codec_methods_are_found():
+def test_token_codec_methods_are_found() -> None:
     assert TOKEN_CODEC_METHODS, METHODS
 
 
 @pytest.mark.parametrize("method", TOKEN_CODEC_METHODS)
-def test_stored_bytes_match_the_codec_bits(method):
+def test_stored_bytes_match_the_codec_bits(method: str) -> None:
     cache = standalone(method)
+    assert isinstance(cache, TokenQuantCache)
     keys, values = random_kv(1024)
     cache.update_and_fetch(keys, values)
+    assert cache.codec is not None  # built by the first append
     window = cache.window.arrays() if cache.window is not None else []  # fixed: recent_window tokens
     fixed = sum(a.nbytes for a in (*cache.codec.constants(), *window))
     analytic = HEADS * 1024 * cache.codec.bits_per_token() / 8
     assert abs(cache.nbytes - fixed - analytic) <= 0.05 * analytic
 
 
-def generate_greedy(model, cache, prompt, n):
+def generate_greedy(model: Any, cache: list[Any], prompt: list[int], n: int) -> tuple[list[int], list[mx.array]]:
     """mlx_lm's own generate_step (chunked prefill, state evaluation) with a given cache list."""
     from mlx_lm.generate import generate_step
 
@@ -130,7 +134,7 @@ def generate_greedy(model, cache, prompt, n):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_greedy_decode_agrees_with_fp16_at_top_bits(lm, method):
+def test_greedy_decode_agrees_with_fp16_at_top_bits(lm: tuple[Any, list[list[int]]], method: str) -> None:
     model, prompts = lm
     reference, ref_lps = generate_greedy(model, native_caches(model), prompts[0], 10)
     cache = fresh(model, method, top_bits(method))
@@ -142,7 +146,7 @@ def test_greedy_decode_agrees_with_fp16_at_top_bits(lm, method):
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_state_round_trip_through_mlx_lm(lm, method, tmp_path):
+def test_state_round_trip_through_mlx_lm(lm: tuple[Any, list[list[int]]], method: str, tmp_path: Path) -> None:
     model, prompts = lm
     cache = fresh(model, method)
     prefill(model, cache, prompts[0], 32)
@@ -154,11 +158,11 @@ def test_state_round_trip_through_mlx_lm(lm, method, tmp_path):
     assert [c.offset for c in loaded] == [c.offset for c in cache]
     expected = prefill(model, cache, prompts[1][:3], 3)
     for other in (loaded, copied):
-        assert mx.abs(prefill(model, other, prompts[1][:3], 3) - expected).max().item() < 1e-4
+        assert float(mx.abs(prefill(model, other, prompts[1][:3], 3) - expected).max()) < 1e-4
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_trim_then_continue_equals_fresh_prefill(lm, method):
+def test_trim_then_continue_equals_fresh_prefill(lm: tuple[Any, list[list[int]]], method: str) -> None:
     model, prompts = lm
     prompt = prompts[0]
     kept = 50
@@ -170,22 +174,22 @@ def test_trim_then_continue_equals_fresh_prefill(lm, method):
     prefill(model, shorter, prompt[:kept], 32)
     for token in prompt[kept : kept + 4]:
         a, b = prefill(model, trimmed, [token], 1), prefill(model, shorter, [token], 1)
-        assert int(mx.argmax(a).item()) == int(mx.argmax(b).item())
+        assert int(mx.argmax(a)) == int(mx.argmax(b))
         assert kl(b, a) < 5e-3
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_chunked_prefill_matches_one_shot(lm, method):
+def test_chunked_prefill_matches_one_shot(lm: tuple[Any, list[list[int]]], method: str) -> None:
     model, prompts = lm
     prompt = prompts[0]
     one_shot = prefill(model, fresh(model, method), prompt, len(prompt))
     chunked = prefill(model, fresh(model, method), prompt, 16)
-    assert int(mx.argmax(one_shot).item()) == int(mx.argmax(chunked).item())
+    assert int(mx.argmax(one_shot)) == int(mx.argmax(chunked))
     assert kl(one_shot, chunked) < 5e-3
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_batched_equals_single(lm, method):
+def test_batched_equals_single(lm: tuple[Any, list[list[int]]], method: str) -> None:
     if not registry.get(method).batchable:
         pytest.skip(f"{method} is registered batchable=False")
     model, prompts = lm
@@ -200,7 +204,7 @@ def test_batched_equals_single(lm, method):
     tokens, lps, classes, extracted = run_batched(model, inputs, [deep(c) for c in starts], budgets, step, late=1)
     for i, (single_tokens, single_lps) in enumerate(singles):
         assert tokens[i] == single_tokens, i
-        assert max(mx.abs(a - b).max().item() for a, b in zip(lps[i], single_lps)) < 1e-3, i
+        assert max(float(mx.abs(a - b).max()) for a, b in zip(lps[i], single_lps)) < 1e-3, i
     assert classes and all(issubclass(t, VeloxCache) for t in classes), classes
     assert BatchKVCache not in classes
     per_request = cache_class(method)

@@ -76,7 +76,9 @@ def blocked_key_block(L: int, length: int, block: int = blockwise.DEFAULT_BLOCK,
 
 
 @pytest.mark.parametrize(("method", "gqa", "d", "fields"), CASES)
-def test_one_pass_decode_equals_the_blocked_path(method, gqa, d, fields, monkeypatch) -> None:
+def test_one_pass_decode_equals_the_blocked_path(
+    method: str, gqa: int, d: int, fields: dict[str, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
     n_q = N_KV * gqa
     queries, keys, values = step(n_q, d)
     outs = []
@@ -106,7 +108,9 @@ COUNT_CASES += [pytest.param(m, UNIFORM, id=f"{m}-uniform") for m in ("turboquan
 
 @pytest.mark.parametrize(("method", "fields"), COUNT_CASES)
 @pytest.mark.parametrize(("gqa", "d"), [(4, 64)])  # a graph's size depends on neither; filling 16 x 128 is slow
-def test_decode_step_operations_do_not_grow_with_context(method, fields, gqa, d, tmp_path) -> None:
+def test_decode_step_operations_do_not_grow_with_context(
+    method: str, fields: dict[str, Any], gqa: int, d: int, tmp_path: Path
+) -> None:
     n_q = N_KV * gqa
     # float32: a graph's size does not depend on the dtype, and CPU float16 kernels are slow to fill with
     queries, keys, values = step(n_q, d, mx.float32)

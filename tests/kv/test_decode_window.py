@@ -11,20 +11,26 @@
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import mlx.core as mx
 import pytest
 
+from tests.kv.support import merged
 from veloxd.kv import KVCacheConfig
-from veloxd.kv.base import LayerSpec
+from veloxd.kv.base import LayerSpec, VeloxCache
 from veloxd.kv.factory import cache_class
 from veloxd.kv.ops import blockwise
+from veloxd.kv.quant.affine import AffineCodec
+from veloxd.kv.quant.tokenbatch import TokenQuantBatchCache
+from veloxd.kv.quant.tokencache import TokenQuantCache
 
 N_KV = 2
 CONTEXT = 300
 W = 32
 SHAPES = [(g, d) for g in (1, 2, 4, 8, 16) for d in (64, 96, 128)]
+C = TypeVar("C", bound=VeloxCache)
 
 
 def config(method: str, d: int, **fields: Any) -> KVCacheConfig:
@@ -33,9 +39,10 @@ def config(method: str, d: int, **fields: Any) -> KVCacheConfig:
     return KVCacheConfig(method=method, recent_window=W, **fields)
 
 
-def filled(cfg: KVCacheConfig, n_q: int, d: int, context: int = CONTEXT, seed: int = 3) -> Any:
+def filled(cfg: KVCacheConfig, n_q: int, d: int, context: int = CONTEXT, seed: int = 3) -> TokenQuantCache:
     """A cache of `context` tokens, prefilled in attended 128-token chunks as a server does."""
     cache = cache_class(cfg.method)(cfg, LayerSpec(0, 1))
+    assert isinstance(cache, TokenQuantCache), type(cache)
     key = mx.random.key(seed)
     for start in range(0, context, 128):
         n = min(128, context - start)
@@ -54,9 +61,10 @@ def one_token(batch: int, n_q: int, d: int) -> tuple[mx.array, mx.array, mx.arra
     return mx.random.normal((batch, n_q, 1, d), key=k3).astype(mx.float16), keys, values
 
 
-def reference(cache: Any, queries: mx.array, scale: float) -> mx.array:
+def reference(cache: TokenQuantCache, queries: mx.array, scale: float) -> mx.array:
     """Softmax attention over the dequantized codes with the window's W newest positions exact."""
     codec, store, T = cache.codec, cache.store, cache.offset
+    assert isinstance(codec, AffineCodec) and store is not None and cache.window is not None
     g = codec.group_size
 
     def dense(prefix: str, bits: int) -> mx.array:
@@ -92,7 +100,7 @@ def blocked_key_block(L: int, length: int, block: int = blockwise.DEFAULT_BLOCK,
     return 16 if L == 1 else block
 
 
-def both_paths(make: Any, step: Any, monkeypatch: pytest.MonkeyPatch) -> list[mx.array]:
+def both_paths(make: Callable[[], C], step: Callable[[C], mx.array], monkeypatch: pytest.MonkeyPatch) -> list[mx.array]:
     """The decode output of the one-pass path, then of the block loop, on equal fresh caches."""
     outs = []
     for blocked in (False, True):
@@ -109,11 +117,11 @@ UNIFORM = {"turboquant_mse": {"turboquant_codebook": "uniform"}}  # its one-pass
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_decode_after_a_trim_reads_rolled_out_slots_from_codes(method: str, monkeypatch) -> None:
+def test_decode_after_a_trim_reads_rolled_out_slots_from_codes(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
     n_q, d = 8, 128
     queries, keys, values = one_token(1, n_q, d)
 
-    def step(cache: Any) -> mx.array:
+    def step(cache: TokenQuantCache) -> mx.array:
         cache.trim(5)  # the window's 5 newest slots go; its 5 oldest now hold nothing exact
         cache.update_and_fetch(keys, values)
         return cache.attend(queries, d**-0.5, None)
@@ -123,15 +131,17 @@ def test_decode_after_a_trim_reads_rolled_out_slots_from_codes(method: str, monk
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_batched_decode_with_left_padding_matches_the_block_loop(method: str, monkeypatch) -> None:
+def test_batched_decode_with_left_padding_matches_the_block_loop(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
     n_q, d = 8, 128
     cfg = config(method, d, **UNIFORM.get(method, {}))
     queries, keys, values = one_token(2, n_q, d)
 
-    def make() -> Any:  # rows of 300 and 140 tokens: the shorter is left-padded by 160
-        return cache_class(method).merge([filled(cfg, n_q, d, CONTEXT, 3), filled(cfg, n_q, d, 140, 5)])
+    def make() -> TokenQuantBatchCache:  # rows of 300 and 140 tokens: the shorter is left-padded by 160
+        batch = merged([filled(cfg, n_q, d, CONTEXT, 3), filled(cfg, n_q, d, 140, 5)])
+        assert isinstance(batch, TokenQuantBatchCache), type(batch)
+        return batch
 
-    def step(cache: Any) -> mx.array:
+    def step(cache: TokenQuantBatchCache) -> mx.array:
         mask = cache.make_mask(1, return_array=True)
         cache.update_and_fetch(keys, values)
         return cache.attend(queries, d**-0.5, mask)
@@ -141,15 +151,15 @@ def test_batched_decode_with_left_padding_matches_the_block_loop(method: str, mo
     assert mx.allclose(got, want, atol=2e-3, rtol=2e-2).item(), mx.abs(got - want).max().item()
 
 
-def test_decode_with_a_window_longer_than_the_context(monkeypatch) -> None:
+def test_decode_with_a_window_longer_than_the_context(monkeypatch: pytest.MonkeyPatch) -> None:
     n_q, d = 4, 64
     queries, keys, values = one_token(1, n_q, d)
 
-    def step(cache: Any) -> mx.array:
+    def step(cache: TokenQuantCache) -> mx.array:
         cache.update_and_fetch(keys, values)
         return cache.attend(queries, d**-0.5, None)
 
-    def make() -> Any:  # 21 tokens: every one read exactly
+    def make() -> TokenQuantCache:  # 21 tokens: every one read exactly
         return filled(config("affine", d), n_q, d, context=20)
 
     got, want = both_paths(make, step, monkeypatch)

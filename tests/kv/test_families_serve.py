@@ -5,6 +5,8 @@ READY warns about sharp key codes."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from testkit.families import write_model_dir
@@ -20,7 +22,7 @@ pytestmark = pytest.mark.slow
         ("mistral3", {"RotatingKVCache": 2, "AffineCache": 2}),  # sliding layers keep mlx_lm's rotating cache
     ],
 )
-def test_wrapper_family_reaches_ready_and_answers(tmp_path, family, layer_caches) -> None:
+def test_wrapper_family_reaches_ready_and_answers(tmp_path: Path, family: str, layer_caches: dict[str, int]) -> None:
     model = write_model_dir(family, tmp_path / family)
     worker = Worker("--model", str(model), "--method", "affine", "--port", str(free_port()), "--max-tokens", "8")
     try:
@@ -36,7 +38,7 @@ def test_wrapper_family_reaches_ready_and_answers(tmp_path, family, layer_caches
         assert worker.stop() == 0
 
 
-def test_gemma2_is_refused_before_load_for_soft_capping(tmp_path) -> None:
+def test_gemma2_is_refused_before_load_for_soft_capping(tmp_path: Path) -> None:
     model = write_model_dir("gemma2", tmp_path / "gemma2")
     (model / "model.safetensors").write_bytes(b"not weights: reading this would fail the load differently")
     result = run_veloxd("serve", "--model", str(model), "--method", "kivi", "--port", str(free_port()))
@@ -46,7 +48,7 @@ def test_gemma2_is_refused_before_load_for_soft_capping(tmp_path) -> None:
     assert "fused kernel" not in result.stderr and "Traceback" not in result.stderr
 
 
-def test_ready_warns_when_a_qk_norm_model_gets_sharp_key_codes(tmp_path) -> None:
+def test_ready_warns_when_a_qk_norm_model_gets_sharp_key_codes(tmp_path: Path) -> None:
     model = write_model_dir("qwen3", tmp_path / "qwen3")
     worker = Worker("--model", str(model), "--method", "qjl", "--port", str(free_port()))
     try:

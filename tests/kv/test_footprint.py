@@ -34,7 +34,7 @@ DECODE = 40  # generated tokens after the prompt: past snapkv's re-compression w
 
 
 @pytest.fixture(scope="module")
-def real_fp16(model) -> dict[int, int]:
+def real_fp16(model: Any) -> dict[int, int]:
     """Bytes of fp16 caches really filled to each of LENGTHS: the same for every method, filled once."""
     return {n: filled_bytes(model, native_caches(model), n)[-1] for n in LENGTHS}
 
@@ -61,7 +61,7 @@ CASES += [pytest.param(m, fields, id=f"{m}-small") for m, fields in SMALL.items(
 
 @pytest.mark.parametrize(("method", "fields"), CASES)
 def test_derived_totals_match_caches_filled_to_those_lengths(
-    model, real_fp16: dict[int, int], method: str, fields: dict[str, int]
+    model: Any, real_fp16: dict[int, int], method: str, fields: dict[str, Any]
 ) -> None:
     config = KVCacheConfig(method=method, **fields)
     footprint = measure(model, config)
@@ -101,7 +101,7 @@ CONTINUED += [pytest.param(m, fields, id=f"{m}-small") for m, fields in SMALL.it
 
 
 @pytest.mark.parametrize(("method", "fields"), CONTINUED)
-def test_the_probe_lengths_hold_what_fresh_prompts_hold(model, method: str, fields: dict[str, int]) -> None:
+def test_the_probe_lengths_hold_what_fresh_prompts_hold(model: Any, method: str, fields: dict[str, Any]) -> None:
     """measure() runs one cache through both probe lengths while no budget is within reach, and an
     evicting one on past its budget: exact only if the bytes after a continuation equal those
     after a fresh prompt of that length."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 
 from tests.support import run_reporting_imports, run_veloxd
@@ -51,7 +52,11 @@ def test_help_lists_every_command() -> None:
     from veloxd.cli import build_parser
 
     done = run_veloxd("--help")
-    commands = build_parser()._subparsers._group_actions[0].choices  # type: ignore[union-attr]
+    subparsers = build_parser()._subparsers
+    assert subparsers is not None
+    action = subparsers._group_actions[0]
+    assert isinstance(action, argparse._SubParsersAction)
+    commands = action.choices
     listed = {line.split()[0] for line in done.stdout.splitlines() if line.startswith("    ") and line.split()}
     assert set(commands) <= listed, set(commands) - listed
     assert "gateway" in listed

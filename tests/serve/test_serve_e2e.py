@@ -8,6 +8,9 @@ import signal
 import subprocess
 import threading
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -18,25 +21,25 @@ pytestmark = pytest.mark.slow
 PROMPT = "def fibonacci(n): return"
 
 
-def fp16_flags(model) -> list[str]:
+def fp16_flags(model: Path) -> list[str]:
     """`veloxd serve` flags of the plain worker most tests use: the model in fp16 on a free port."""
     return ["--model", str(model), "--method", "fp16", "--port", str(free_port())]
 
 
 @pytest.fixture(scope="module")
-def fp16_worker(tiny_model):
+def fp16_worker(tiny_model: Path) -> Iterator[Worker]:
     worker = Worker(*fp16_flags(tiny_model), "--max-tokens", "12")
     worker.ready()
     yield worker
     assert worker.stop() == 0
 
 
-def chat(base: str, content: str = "hello", **extra) -> tuple[int, dict]:
+def chat(base: str, content: str = "hello", **extra: Any) -> tuple[int, dict]:
     body = {"messages": [{"role": "user", "content": content}], "max_tokens": 8, "temperature": 0.0, **extra}
     return http_json(f"{base}/chat/completions", body)
 
 
-def test_ready_line_describes_the_server(fp16_worker, tiny_model):
+def test_ready_line_describes_the_server(fp16_worker: Worker, tiny_model: Path) -> None:
     payload = fp16_worker.ready()
     assert payload["schema_version"] == 1
     assert payload["model"] == str(tiny_model.resolve())
@@ -52,7 +55,7 @@ def test_ready_line_describes_the_server(fp16_worker, tiny_model):
     assert len(ready_lines) == 1
 
 
-def test_health_models_and_chat(fp16_worker, tiny_model):
+def test_health_models_and_chat(fp16_worker: Worker, tiny_model: Path) -> None:
     endpoints = fp16_worker.ready()["endpoints"]
     assert http_json(endpoints["health"]) == (200, {"status": "ok"})
     status, models = http_json(endpoints["models"])
@@ -66,7 +69,7 @@ def test_health_models_and_chat(fp16_worker, tiny_model):
     assert isinstance(reply["choices"][0]["message"]["content"], str)
 
 
-def test_streamed_completion_arrives_as_server_sent_events(fp16_worker):
+def test_streamed_completion_arrives_as_server_sent_events(fp16_worker: Worker) -> None:
     url = fp16_worker.ready()["endpoints"]["completions"]
     body = json.dumps({"prompt": PROMPT, "max_tokens": 6, "temperature": 0.0, "stream": True}).encode()
     request = urllib.request.Request(url, data=body, headers={"Content-Type": "application/json"})
@@ -79,7 +82,7 @@ def test_streamed_completion_arrives_as_server_sent_events(fp16_worker):
     assert chunks[-1]["choices"][0]["finish_reason"] == "length"
 
 
-def test_two_concurrent_requests_both_complete(fp16_worker):
+def test_two_concurrent_requests_both_complete(fp16_worker: Worker) -> None:
     base = fp16_worker.ready()["endpoints"]["openai_base_url"]
     results: list[tuple[int, dict]] = []
     threads = [threading.Thread(target=lambda c=c: results.append(chat(base, c))) for c in ("one", "two")]
@@ -91,7 +94,7 @@ def test_two_concurrent_requests_both_complete(fp16_worker):
     assert all(reply["usage"]["completion_tokens"] == 8 for _, reply in results)
 
 
-def test_a_request_for_another_model_is_refused_not_loaded(fp16_worker):
+def test_a_request_for_another_model_is_refused_not_loaded(fp16_worker: Worker) -> None:
     base = fp16_worker.ready()["endpoints"]["openai_base_url"]
     status, reply = chat(base, model="mlx-community/some-other-model")
     assert status == 404
@@ -101,7 +104,7 @@ def test_a_request_for_another_model_is_refused_not_loaded(fp16_worker):
     assert http_json(f"{base[:-3]}/health")[0] == 200  # still serving
 
 
-def test_sigterm_stops_cleanly(tiny_model):
+def test_sigterm_stops_cleanly(tiny_model: Path) -> None:
     worker = Worker(*fp16_flags(tiny_model))
     worker.ready()
     worker.proc.send_signal(signal.SIGTERM)
@@ -109,7 +112,7 @@ def test_sigterm_stops_cleanly(tiny_model):
     worker.join_output()
 
 
-def test_lifeline_eof_makes_the_worker_exit(tiny_model):
+def test_lifeline_eof_makes_the_worker_exit(tiny_model: Path) -> None:
     """The daemon's pipe closing (the daemon died) ends the worker, with exit code 0."""
     read_fd, write_fd = os.pipe()
     proc = subprocess.Popen(
@@ -120,13 +123,14 @@ def test_lifeline_eof_makes_the_worker_exit(tiny_model):
         text=True,
     )
     os.close(read_fd)
+    assert proc.stdout is not None
     assert proc.stdout.readline().startswith("VELOXD_READY ")
     os.close(write_fd)
     assert proc.wait(120) == 0
     proc.stdout.close()
 
 
-def test_bearer_auth_guards_everything_but_health(tiny_model):
+def test_bearer_auth_guards_everything_but_health(tiny_model: Path) -> None:
     env = {"VELOXD_TEST_KEY": "s3cret-token"}
     worker = Worker(*fp16_flags(tiny_model), "--api-key-env", "VELOXD_TEST_KEY", env=env)
     try:
@@ -145,7 +149,7 @@ def test_bearer_auth_guards_everything_but_health(tiny_model):
         worker.stop()
 
 
-def test_unservable_model_type_exits_2_without_serving(tmp_path, tiny_model):
+def test_unservable_model_type_exits_2_without_serving(tmp_path: Path, tiny_model: Path) -> None:
     """A model whose attention calls MLX's fused kernel directly is refused by name."""
     model = tmp_path / "fused"
     model.mkdir()

@@ -43,7 +43,7 @@ def filled(model: Any, n: int) -> int:
     return sum(c.nbytes for c in caches)
 
 
-def test_fp16_reference_is_the_kvcache_formula_and_equals_a_filled_kvcache(model) -> None:
+def test_fp16_reference_is_the_kvcache_formula_and_equals_a_filled_kvcache(model: Any) -> None:
     lines = fp16_lines(model)
     assert lines is not None
     args = model.args
@@ -55,7 +55,7 @@ def test_fp16_reference_is_the_kvcache_formula_and_equals_a_filled_kvcache(model
         assert kvcache_bytes(lines, n) == expected == filled(model, n), n
 
 
-def test_the_fp16_method_is_derived_without_probes(model) -> None:
+def test_the_fp16_method_is_derived_without_probes(model: Any) -> None:
     figure = measure(model, KVCacheConfig(method="fp16")).to_dict()
     lines = fp16_lines(model)
     assert lines is not None
@@ -77,7 +77,7 @@ def without_label(figure: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_a_figure_is_reused_then_remeasured_when_settings_or_files_change(
-    model, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    model: Any, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(protocol.STATE_DIR_ENV, str(tmp_path / "state"))
     kivi4, kivi2 = KVCacheConfig(method="kivi", bits=4), KVCacheConfig(method="kivi", bits=2)
@@ -103,7 +103,7 @@ def test_a_figure_is_reused_then_remeasured_when_settings_or_files_change(
 
 
 def test_an_unwritable_state_dir_is_a_logged_event_not_a_failure(
-    model, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    model: Any, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     blocker = tmp_path / "not-a-dir"
     blocker.write_text("a file where the state directory should be")
@@ -116,7 +116,7 @@ def test_an_unwritable_state_dir_is_a_logged_event_not_a_failure(
 
 
 def test_a_corrupt_kept_figure_is_measured_again_and_replaced(
-    model, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    model: Any, model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv(protocol.STATE_DIR_ENV, str(tmp_path))
     kv = KVCacheConfig(method="fp16")

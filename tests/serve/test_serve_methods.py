@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import http.client
 import json
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
 
 from tests.support import Worker, eos_token_ids, free_port, http_json, wait_until
 from veloxd.kv import registry
+from veloxd.kv.base import Batchable
 from veloxd.kv.factory import cache_class
 
 pytestmark = pytest.mark.slow
@@ -35,12 +37,12 @@ HELD_SLOTS = {"streaming_llm": 4 + 64 + 1, "knorm": 96 + 1, "snapkv": 96 + 16, "
 LONG_PROMPT = " ".join(f"item{i} = compute(item{i - 1}, {i})" for i in range(1, 60))
 
 
-def test_every_compressed_method_has_serve_settings():
+def test_every_compressed_method_has_serve_settings() -> None:
     assert set(SETTINGS) == set(registry.names()) - {"fp16"}
 
 
 @pytest.mark.parametrize("method", sorted(SETTINGS))
-def test_method_serves_end_to_end(tiny_model, method):
+def test_method_serves_end_to_end(tiny_model: Path, method: str) -> None:
     info = registry.get(method)
     flags = ("--model", str(tiny_model), "--method", method, "--port", str(free_port()), *SETTINGS[method])
     worker = Worker(*flags, record_batches=True)
@@ -93,13 +95,15 @@ def test_method_serves_end_to_end(tiny_model, method):
         batches = wait_until(
             lambda: [b for b in worker.batches() if b["rows"] == 2], 60, what="a batch holding both requests"
         )
-        assert all(b["caches"] == [cache_class(method).batch_class.__name__] for b in worker.batches()), batches
+        single = cache_class(method)
+        assert issubclass(single, Batchable), single
+        assert all(b["caches"] == [single.batch_class.__name__] for b in worker.batches()), batches
     finally:
         assert worker.stop() == 0
 
 
-def test_affine_8bit_and_fp16_agree_on_greedy_tokens(tiny_model):
-    texts = []
+def test_affine_8bit_and_fp16_agree_on_greedy_tokens(tiny_model: Path) -> None:
+    texts: list[str] = []
     for flags in (["--method", "fp16"], ["--method", "affine", "--bits", "8"]):
         worker = Worker("--model", str(tiny_model), "--port", str(free_port()), *flags)
         try:

@@ -9,6 +9,7 @@ import argparse
 import inspect
 import re
 from pathlib import Path
+from typing import Any, NoReturn
 
 import pytest
 from mlx_lm import server as mlx_server
@@ -20,50 +21,46 @@ from veloxd.serve import mlx_compat
 
 def upstream_parser() -> argparse.ArgumentParser:
     """mlx_lm.server.main()'s parser, captured when main() asks it to parse (test-only trick)."""
-    captured = {}
+    captured: dict[str, argparse.ArgumentParser] = {}
 
     class Captured(Exception):
         pass
 
-    original = argparse.ArgumentParser.parse_args
-
-    def capture(self, *args, **kwargs):
+    def capture(self: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> NoReturn:
         captured["parser"] = self
         raise Captured
 
-    argparse.ArgumentParser.parse_args = capture
-    try:
+    with pytest.MonkeyPatch.context() as patch:  # parse_args is restored on the way out
+        patch.setattr(argparse.ArgumentParser, "parse_args", capture)
         with pytest.raises(Captured):
             mlx_server.main()
-    finally:
-        argparse.ArgumentParser.parse_args = original
     return captured["parser"]
 
 
-def test_installed_mlx_lm_is_in_the_tested_range():
+def test_installed_mlx_lm_is_in_the_tested_range() -> None:
     mlx_compat.check_version()
 
 
-def test_upstream_defaults_match_mlx_lm_server_main():
+def test_upstream_defaults_match_mlx_lm_server_main() -> None:
     defaults = vars(upstream_parser().parse_args([]))
     assert defaults == mlx_compat.UPSTREAM_DEFAULTS
 
 
-def test_every_cli_arg_mlx_lm_server_reads_is_provided():
+def test_every_cli_arg_mlx_lm_server_reads_is_provided() -> None:
     source = inspect.getsource(mlx_server)
     read = set(re.findall(r"cli_args\.([a-z_]+)", source))
     missing = read - set(mlx_compat.UPSTREAM_DEFAULTS)
     assert not missing, f"mlx_lm.server now reads {missing}"
 
 
-def test_model_provider_load_hook_signature():
+def test_model_provider_load_hook_signature() -> None:
     params = list(inspect.signature(mlx_server.ModelProvider._load).parameters)
     assert params == ["self", "model_path", "adapter_path", "draft_model_path"]
     for attribute in ("_model_map", "_adapter_map", "is_batchable"):
         assert attribute in inspect.getsource(mlx_server.ModelProvider.__init__)
 
 
-def test_api_handler_hooks_exist():
+def test_api_handler_hooks_exist() -> None:
     for name in ("do_GET", "do_POST", "handle_completion", "_set_completion_headers"):
         assert callable(getattr(mlx_server.APIHandler, name))
     init = inspect.signature(mlx_server.APIHandler.__init__).parameters
@@ -71,13 +68,13 @@ def test_api_handler_hooks_exist():
     assert "requested_model" in inspect.getsource(mlx_server.APIHandler.do_POST)
 
 
-def test_response_generator_internals_used_for_stop_and_health():
+def test_response_generator_internals_used_for_stop_and_health() -> None:
     source = inspect.getsource(mlx_server.ResponseGenerator)
     for needle in ("self._stop", "self._generation_thread", "def is_healthy"):
         assert needle in source
 
 
-def test_generation_hooks_used_to_bound_requests():
+def test_generation_hooks_used_to_bound_requests() -> None:
     """StoppableGenerator overrides _tokenize and _await_response; both of mlx_lm's paths honour ctx.stop()."""
     generator = mlx_server.ResponseGenerator
     assert list(inspect.signature(generator._tokenize).parameters) == ["self", "tokenizer", "request", "args"]
@@ -89,10 +86,10 @@ def test_generation_hooks_used_to_bound_requests():
     assert "self._tokenize(" in inspect.getsource(generator._generate)
     assert "ctx._should_stop" in inspect.getsource(generator._serve_single)
     assert inspect.getsource(generator._generate).count('["ctx"]._should_stop') == 2  # prefill and decode
-    assert callable(mlx_server.GenerationContext.stop) and mlx_server.Response
+    assert callable(mlx_server.GenerationContext.stop) and inspect.isclass(mlx_server.Response)
 
 
-def test_request_hooks_used_for_limits():
+def test_request_hooks_used_for_limits() -> None:
     """The handler reads the body once with rfile.read, then reads self.max_tokens and chat_template_kwargs."""
     do_post = inspect.getsource(mlx_server.APIHandler.do_POST)
     assert "self.rfile.read(content_length)" in do_post
@@ -101,13 +98,13 @@ def test_request_hooks_used_for_limits():
     assert "finally:\n            ctx.stop()" in inspect.getsource(mlx_server.APIHandler.handle_completion)
 
 
-def test_server_args_keeps_upstream_defaults_and_applies_overrides():
+def test_server_args_keeps_upstream_defaults_and_applies_overrides() -> None:
     args = mlx_compat.server_args(model="m", max_tokens=7, temp=None)
     assert args.model == "m" and args.max_tokens == 7 and args.temp == 0.0
     assert args.kv_bits is None  # mlx_lm's own KV quantization stays off: veloxd owns the cache
 
 
-def test_private_names_the_compat_module_uses_exist():
+def test_private_names_the_compat_module_uses_exist() -> None:
     """Each private mlx_lm name veloxd relies on, pinned by a plain import or attribute read."""
     from mlx_lm.models.cache import _BaseCache
     from mlx_lm.utils import _get_classes
@@ -124,7 +121,7 @@ def test_private_names_the_compat_module_uses_exist():
     assert list(inspect.signature(generator._share_request).parameters) == ["self", "request"]
 
 
-def test_model_classes_resolves_remapped_model_types():
+def test_model_classes_resolves_remapped_model_types() -> None:
     from mlx_lm.models import llama, mistral3
 
     assert mlx_compat.model_classes({"model_type": "llama"})[0] is llama.Model
@@ -133,13 +130,13 @@ def test_model_classes_resolves_remapped_model_types():
         mlx_compat.model_classes({"model_type": "no-such-architecture"})
 
 
-def test_no_other_module_names_a_private_mlx_lm_attribute():
+def test_no_other_module_names_a_private_mlx_lm_attribute() -> None:
     """The one door: private mlx_lm names appear only in veloxd/serve/mlx_compat.py."""
     offenders = private_mlx_lm_uses(Path(veloxd.__file__).parent, exclude={"serve/mlx_compat.py"})
     assert offenders == []
 
 
-def test_the_private_name_scan_finds_a_use():
+def test_the_private_name_scan_finds_a_use() -> None:
     """The scan above would see an offender (it can fail)."""
     source = (
         "from mlx_lm.utils import _get_classes\nimport mlx_lm.models.cache as c\nc._BaseCache\nx._generation_thread\n"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -55,7 +56,7 @@ from tests.support import run_reporting_imports, run_veloxd
         (["--kv-json", "/nonexistent/kv.json"], "--kv-json /nonexistent/kv.json: cannot read"),
     ],
 )
-def test_bad_flags_exit_2_naming_the_culprit(tiny_model, flags, expected):
+def test_bad_flags_exit_2_naming_the_culprit(tiny_model: Path, flags: list[str], expected: str) -> None:
     """Each mistake exits 2 with one clear line, and nothing heavy is imported."""
     result = run_veloxd("serve", "--model", str(tiny_model), "--port", "1", *flags)
     assert result.returncode == 2, result.stderr
@@ -64,19 +65,19 @@ def test_bad_flags_exit_2_naming_the_culprit(tiny_model, flags, expected):
     assert result.stdout == ""
 
 
-def test_missing_model_directory_is_refused_before_load(tmp_path):
+def test_missing_model_directory_is_refused_before_load(tmp_path: Path) -> None:
     result = run_veloxd("serve", "--model", str(tmp_path / "nope"), "--method", "affine")
     assert result.returncode == 2
     assert f"model path {tmp_path / 'nope'} does not exist" in result.stderr
 
 
-def test_malformed_hugging_face_id_is_refused():
+def test_malformed_hugging_face_id_is_refused() -> None:
     result = run_veloxd("serve", "--model", "not a repo id", "--method", "affine")
     assert result.returncode == 2
     assert "is neither an existing directory" in result.stderr and "nor a Hugging Face id" in result.stderr
 
 
-def test_port_in_use_exits_4_naming_the_port(tiny_model):
+def test_port_in_use_exits_4_naming_the_port(tiny_model: Path) -> None:
     """Not a mistake in the flags but a condition of the world: its own code, so the daemon waits."""
     with socket.socket() as holder:
         holder.bind(("127.0.0.1", 0))
@@ -87,7 +88,7 @@ def test_port_in_use_exits_4_naming_the_port(tiny_model):
     assert f"port {port} on 127.0.0.1 is already in use" in result.stderr
 
 
-def test_invalid_flags_are_refused_before_mlx_is_imported(tiny_model):
+def test_invalid_flags_are_refused_before_mlx_is_imported(tiny_model: Path) -> None:
     """Rejection needs no model and no MLX: the worker exits 2 having imported neither."""
     done, heavy = run_reporting_imports(
         "serve", "--model", str(tiny_model), "--method", "kivi", "--set", "kivi_group_size=48"
@@ -96,7 +97,7 @@ def test_invalid_flags_are_refused_before_mlx_is_imported(tiny_model):
     assert heavy == [], f"refusing bad flags imported {heavy}"
 
 
-def test_serve_help_lists_every_method_and_its_fields():
+def test_serve_help_lists_every_method_and_its_fields() -> None:
     result = run_veloxd("serve", "--help")
     assert result.returncode == 0
     from veloxd.kv import registry
@@ -106,7 +107,7 @@ def test_serve_help_lists_every_method_and_its_fields():
     assert "kivi_residual_length" in result.stdout
 
 
-def test_methods_json_is_the_registry():
+def test_methods_json_is_the_registry() -> None:
     import json
 
     from veloxd.kv import registry

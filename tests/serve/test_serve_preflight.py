@@ -38,7 +38,9 @@ def test_head_dims_come_from_head_dim_or_hidden_size() -> None:
         ("turboquant_mse", {}, 80, "the model's key head dimension 80 is not a multiple of 32"),
     ],
 )
-def test_head_dimension_the_group_sizes_do_not_divide_is_refused(method, fields, dim, expected) -> None:
+def test_head_dimension_the_group_sizes_do_not_divide_is_refused(
+    method: str, fields: dict[str, Any], dim: int, expected: str
+) -> None:
     with pytest.raises(ValueError, match=expected.replace("(", r"\(")):
         check(llama(head_dim=dim), KVCacheConfig(method=method, **fields))
 
@@ -80,7 +82,9 @@ def hub_cache(root: Path, repo: str, config: dict[str, Any]) -> Path:
         ({**llama(), "model_type": "gpt_oss"}, "kivi", "attention-sink logits"),
     ],
 )
-def test_hugging_face_id_is_refused_from_the_cached_config_before_weights(tmp_path, config, method, expected) -> None:
+def test_hugging_face_id_is_refused_from_the_cached_config_before_weights(
+    tmp_path: Path, config: dict[str, Any], method: str, expected: str
+) -> None:
     cache = hub_cache(tmp_path / "hub", "veloxd-test/tiny", config)
     env = {**os.environ, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
     result = run_veloxd("serve", "--model", "veloxd-test/tiny", "--method", method, "--port", str(free_port()), env=env)
@@ -97,7 +101,7 @@ def family(name: str) -> dict[str, Any]:
 
 
 @pytest.mark.parametrize("name", ["smollm3", "mistral3", "gemma3_text", "qwen3_next", "gemma4_text"])
-def test_wrappers_and_sliding_families_pass_before_load(name) -> None:
+def test_wrappers_and_sliding_families_pass_before_load(name: str) -> None:
     for method in ("affine", "kivi", "turboquant_mse", "qjl"):
         check(family(name), KVCacheConfig(method=method))
 
@@ -110,7 +114,7 @@ def test_wrappers_and_sliding_families_pass_before_load(name) -> None:
         ("gemma3n", "model type 'gemma3n' reads an earlier layer's cached keys and values back"),
     ],
 )
-def test_refusals_name_the_true_reason_and_the_way_out(name, reason) -> None:
+def test_refusals_name_the_true_reason_and_the_way_out(name: str, reason: str) -> None:
     with pytest.raises(ValueError, match=reason) as raised:
         check(family(name), KVCacheConfig(method="affine"))
     assert "fused kernel" not in str(raised.value)
@@ -124,7 +128,7 @@ def test_eviction_on_kv_shared_layers_is_refused_and_quantization_is_not() -> No
     check(family("gemma4_text"), KVCacheConfig(method="turboquant_prod"))
 
 
-def test_the_pre_load_check_reads_no_weight_and_keeps_the_config(tmp_path) -> None:
+def test_the_pre_load_check_reads_no_weight_and_keeps_the_config(tmp_path: Path) -> None:
     config = family("mistral3")
     before = json.dumps(config, sort_keys=True)
     check(config, KVCacheConfig(method="affine"))

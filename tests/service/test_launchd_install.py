@@ -89,7 +89,7 @@ def test_permanent_bootstrap_failure_shows_launchctl_text_and_exits_nonzero(h: L
     assert done.stdout == ""
 
 
-def test_eio_retries_follow_the_interval_until_the_deadline(h: LaunchdHarness, monkeypatch) -> None:
+def test_eio_retries_follow_the_interval_until_the_deadline(h: LaunchdHarness, monkeypatch: pytest.MonkeyPatch) -> None:
     """In process, with a fake clock that only the retry sleeps advance: exactly deadline/interval retries."""
     from veloxd.service import launchctl
 

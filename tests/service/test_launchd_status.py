@@ -121,6 +121,7 @@ def test_launchd_status_through_the_stub(tmp_path: Path, monkeypatch: pytest.Mon
     assert h.install().returncode == 0
     h.mark("disabled", LABEL)
     status = launchctl.launchd_status(LABEL)
+    assert status is not None
     assert status["loaded"] is True and status["pid"] == 4001 and status["raw_state"] == "running"
     assert status["disabled"] is True
     assert status["path"] == str(h.plist)

@@ -41,7 +41,7 @@ def browser() -> Iterator[Any]:
         pytest.fail(f"the dashboard's browser tests need Playwright for Python (the test extra): {err}", pytrace=False)
     with sync_playwright() as playwright:
         # Without LD_PRELOAD: `make test` preloads OpenBLAS for MLX, and chromium's processes die with it.
-        env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+        env: dict[str, str | float | bool] = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
         chromium = playwright.chromium.launch(executable_path=str(CHROMIUM), args=ARGS, env=env)
         try:
             yield chromium

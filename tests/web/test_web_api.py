@@ -32,23 +32,23 @@ def test_actions_need_the_token_and_refuse_cross_site_requests(tmp_path: Path, b
         page.wait_ready()
         assert page.state()["actions"] is True
         status, body = page.request("api/state", headers={"Host": f"evil.example:{page.port}"})
-        assert status == 421 and "Host" in body["error"]
+        assert status == 421 and isinstance(body, dict) and "Host" in body["error"]
 
         restart = "api/servers/alpha/restart"
         assert page.request(restart, "POST")[0] == 401
         assert page.request(restart, "POST", {"Authorization": "Bearer wrong"})[0] == 401
         good = {"Authorization": f"Bearer {TOKEN}", "Content-Type": "application/json"}
         status, body = page.request(restart, "POST", {**good, "Origin": "http://evil.example"})
-        assert status == 403 and "cross-origin" in body["error"]
+        assert status == 403 and isinstance(body, dict) and "cross-origin" in body["error"]
         assert page.request(restart, "POST", {**good, "Sec-Fetch-Site": "cross-site"})[0] == 403
         assert page.request("api/servers/nobody/restart", "POST", good)[0] == 409
         assert h.server("alpha")["restarts"] == 0  # nothing refused went through
 
         status, body = page.request("api/reload", "POST", good)
-        assert status == 200 and body["ok"] and body["unchanged"]
+        assert status == 200 and isinstance(body, dict) and body["ok"] and body["unchanged"]
         lowercase = {**good, "Authorization": f"bearer {TOKEN}"}  # the scheme is case-insensitive, as on /v1
         status, body = page.request("api/reload", "POST", lowercase)
-        assert status == 200 and body["ok"], body
+        assert status == 200 and isinstance(body, dict) and body["ok"], body
 
         tab = browser.new_page(viewport=VIEWPORT)
         tab.goto(page.url)
@@ -81,9 +81,15 @@ def test_read_only_dashboard_follows_its_block(tmp_path: Path) -> None:
         shown = h.cli("status").stdout
         assert f"dashboard: ready at http://127.0.0.1:{page.port}/ (pid {h.state()['dashboard']['pid']})" in shown
         status, body = page.request("api/reload", "POST", {"Authorization": "Bearer x"})
-        assert status == 403 and "api_key_env" in body["error"]
-        wait_until(lambda: page.request("api/logs?server=beta&q=loading")[1]["events"], 30, what="beta's log")
-        events = page.request("api/logs?server=beta&q=loading")[1]["events"]
+        assert status == 403 and isinstance(body, dict) and "api_key_env" in body["error"]
+
+        def loading_events() -> list[dict[str, Any]]:
+            logs = page.request("api/logs?server=beta&q=loading")[1]
+            assert isinstance(logs, dict), logs
+            return logs["events"]
+
+        wait_until(loading_events, 30, what="beta's log")
+        events = loading_events()
         assert all(e["server"] == "beta" and "loading" in e["text"] for e in events)
 
         first = h.state()["dashboard"]

@@ -231,7 +231,8 @@ def test_queue_depth_and_a_live_concurrency_change(tmp_path: Path) -> None:
     lazy = fake_entry(model_dir(tmp_path, "m"), start="on_demand", idle_unload_s=1, concurrency=1, env=slow)
     h.write(gateway_yaml({"port": page.port}, {"lazy": lazy}))
     base = page.url.rstrip("/")
-    first_chunk, answers = threading.Event(), {}
+    first_chunk = threading.Event()
+    answers: dict[str, tuple[int, bool] | int] = {}
 
     def stream() -> None:
         body = json.dumps({"model": "lazy", "prompt": "x", "stream": True}).encode()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import io
+from typing import Any
 
 from veloxd.daemon.console import ConsoleProcessor, compact, pretty_line, summary_text, use_colors
 from veloxd.kv import KVCacheConfig
@@ -17,7 +18,7 @@ class FakeClock:
         return self.now
 
 
-READY_EVENT = {
+READY_EVENT: dict[str, Any] = {
     "server": "coder",
     "pid": 7,
     "from_state": "starting",

@@ -34,17 +34,19 @@ def prompt(n: int, seed: int) -> list[int]:
     return [rng.randrange(6, 512) for _ in range(n)]
 
 
-def decode(model, tokens: list[int], cache: list, steps: int, **kwargs) -> tuple[list[int], mx.array]:
+def decode(model: Any, tokens: list[int], cache: list[Any], steps: int, **kwargs: Any) -> tuple[list[int], mx.array]:
     """Greedy tokens and their log-probability vectors [steps, vocab] from mlx_lm's generate_step."""
     out = list(zip(range(steps), generate_step(mx.array(tokens), model, prompt_cache=cache, **kwargs)))
     return [int(t) for _, (t, _) in out], mx.stack([lp for _, (_, lp) in out])
 
 
 def max_diff(a: mx.array, b: mx.array) -> float:
-    return mx.abs(a - b).max().item()
+    return float(mx.abs(a - b).max())
 
 
-def batched(model, config: KVCacheConfig, prompts: list[list[int]], max_tokens: list[int]):
+def batched(
+    model: Any, config: KVCacheConfig, prompts: list[list[int]], max_tokens: list[int]
+) -> tuple[list[mx.array], set[str]]:
     """mlx_lm's BatchGenerator with per-request veloxd caches: log-probs per request, cache classes seen."""
     gen = BatchGenerator(model, stop_tokens=[], prefill_step_size=32, prefill_batch_size=2, completion_batch_size=3)
     uids = gen.insert(prompts, max_tokens, caches=[make_caches(model, config) for _ in prompts])
@@ -58,7 +60,7 @@ def batched(model, config: KVCacheConfig, prompts: list[list[int]], max_tokens: 
     return [mx.stack(logprobs[u]) for u in uids], kinds
 
 
-def assert_batched_decode_equals_single(model, config: KVCacheConfig) -> None:
+def assert_batched_decode_equals_single(model: Any, config: KVCacheConfig) -> None:
     """Three requests of different lengths (padding, filter, extend) batched by mlx_lm decode as each alone,
     in `config`'s own batch class in every layer (never mlx_lm's fp16 BatchKVCache)."""
     prompts = [prompt(n, 10 + n) for n in (70, 33, 55)]
@@ -70,7 +72,7 @@ def assert_batched_decode_equals_single(model, config: KVCacheConfig) -> None:
         assert max_diff(batch_logprobs, single) < 1e-4
 
 
-def assert_budget_holds(model, cache: list, method: str, steps: int) -> None:
+def assert_budget_holds(model: Any, cache: list[Any], method: str, steps: int) -> None:
     """At every one of `steps` decode steps after a 70-token prompt, no layer holds more than the
     budget (snapkv: plus its re-compression window); at the end every layer has evicted."""
     limit = 40 + (8 if method.startswith("snapkv") else 0)
@@ -81,7 +83,7 @@ def assert_budget_holds(model, cache: list, method: str, steps: int) -> None:
     assert all(c.evicted[0] and not c.is_trimmable() for c in cache)
 
 
-def assert_state_round_trip(model, config: KVCacheConfig, directory: Path) -> None:
+def assert_state_round_trip(model: Any, config: KVCacheConfig, directory: Path) -> None:
     """A cache that has evicted (and, for snapkv, sits mid decode window), saved to and loaded from
     mlx_lm's prompt-cache file, has the same classes, offsets, sizes and bytes, and decodes the same."""
     cache = make_caches(model, config)

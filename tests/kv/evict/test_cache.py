@@ -2,19 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from typing import Any
+
 import mlx.core as mx
 import pytest
 
+from tests.kv.support import merged
 from veloxd.kv import KVCacheConfig, registry
-from veloxd.kv.base import LayerSpec
+from veloxd.kv.base import LayerSpec, int_list
 from veloxd.kv.evict import attention
+from veloxd.kv.evict.batch import EvictionBatch
+from veloxd.kv.evict.engine import EvictionCache
 from veloxd.kv.evict.slots import EMPTY
 from veloxd.kv.evict.snapkv import pyramid_budgets
 from veloxd.kv.factory import cache_class
 
 N_KV, N_Q, D = 2, 4, 16
 SCALE = D**-0.5
-CONFIGS = {
+CONFIGS: dict[str, dict[str, Any]] = {
     "streaming_llm": dict(streaming_llm_sinks=4, streaming_llm_window=28),
     "knorm": dict(knorm_budget=32, knorm_window=8),
     "snapkv": dict(snapkv_budget=32, snapkv_window=8, snapkv_kernel=3),
@@ -27,9 +33,11 @@ WINDOW = {"streaming_llm": 28, "knorm": 8, "snapkv": 8, "h2o": 8, "tova": 0}
 SCHEDULE = [20, 1, 1, 30, 5] + [1] * 40 + [17] + [1] * 12
 
 
-def make(method: str, layer: LayerSpec = ONE_LAYER, **overrides):
+def make(method: str, layer: LayerSpec = ONE_LAYER, **overrides: Any) -> EvictionCache:
     config = KVCacheConfig(method=method, **{**CONFIGS[method], **overrides})
-    return cache_class(method)(config, layer)
+    cache = cache_class(method)(config, layer)
+    assert isinstance(cache, EvictionCache), type(cache)
+    return cache
 
 
 def tokens(n: int, seed: int) -> tuple[mx.array, mx.array, mx.array]:
@@ -42,20 +50,20 @@ def tokens(n: int, seed: int) -> tuple[mx.array, mx.array, mx.array]:
     )
 
 
-def step(cache, keys: mx.array, values: mx.array, queries: mx.array) -> mx.array:
+def step(cache: EvictionCache, keys: mx.array, values: mx.array, queries: mx.array) -> mx.array:
     cache.update_and_fetch(keys, values)
     out = cache.attend(queries, SCALE, None)
     mx.eval(out, cache.state)
     return out
 
 
-def retained(cache) -> list[list[int]]:
+def retained(cache: EvictionCache) -> list[list[int]]:
     """Sorted positions kept by each KV head of row 0."""
-    pos = cache.slots["positions"][0].tolist()
-    return [sorted(p for p in head if p != EMPTY) for head in pos]
+    pos = cache.slots["positions"][0]  # [Hkv, width]
+    return [sorted(p for p in int_list(head) if p != EMPTY) for head in pos]
 
 
-def run_schedule(cache, schedule: list[int]):
+def run_schedule(cache: EvictionCache, schedule: list[int]) -> Iterator[tuple[int, int, int]]:
     """Feed the schedule; yield (step length, tokens fed, tokens held during the step) after each."""
     fed = 0
     for i, n in enumerate(schedule):
@@ -106,7 +114,7 @@ def test_snapkv_keeps_the_same_tokens_for_one_chunk_and_many() -> None:
     """The prompt is scored by its real last `snapkv_window` queries, whatever the chunking."""
     k, v, q = tokens(100, 3)
 
-    def prefill(chunks: list[tuple[int, int]]):
+    def prefill(chunks: list[tuple[int, int]]) -> EvictionCache:
         cache = make("snapkv")
         for a, b in chunks:  # the prompt but its last token, as mlx_lm prefills it
             step(cache, k[:, :, a:b], v[:, :, a:b], q[:, :, a:b])
@@ -121,9 +129,10 @@ def test_snapkv_keeps_the_same_tokens_for_one_chunk_and_many() -> None:
     assert all(set(range(92, 100)) <= set(h) for h in retained(one))  # the observation window stays
 
 
-def overwhelming(method: str, star: int = 5, n: int = 40):
+def overwhelming(method: str, star: int = 5, n: int = 40) -> EvictionCache:
     """Token `star` has a key every query aligns with, far above the others; return the cache."""
-    cache = make(method, **({"snapkv_budget": 16} if method == "snapkv" else {f"{method}_budget": 16}))
+    budget: dict[str, Any] = {"snapkv_budget": 16} if method == "snapkv" else {f"{method}_budget": 16}
+    cache = make(method, **budget)
     k, v, _ = tokens(n, 7)
     axis = mx.zeros((D,)).at[0].add(1.0)
     k = mx.where(mx.arange(n)[:, None] == star, 6.0 * axis, k * 0.1)  # [1, Hkv, n, D]
@@ -211,7 +220,8 @@ def test_registry_batchable_flag_matches_the_class(method: str) -> None:
 
 def test_left_padded_rows_see_only_their_own_tokens() -> None:
     k, v, q = tokens(5, 9)
-    batch = cache_class("h2o").merge([make("h2o"), make("h2o")])
+    batch = merged([make("h2o"), make("h2o")])
+    assert isinstance(batch, EvictionBatch), type(batch)
     batch.prepare(left_padding=[3, 0])
     assert batch.offset.tolist() == [-3, 0]  # RoPE puts row 0's first real token at position 0
     out = step(batch, *(mx.concatenate([a, a]) for a in (k, v, q)))  # [2, H, 5, D]: row 1 all real

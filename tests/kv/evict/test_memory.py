@@ -10,7 +10,7 @@ from mlx_lm.models.cache import KVCache
 
 from tests.kv.evict.support import budgets
 from veloxd.kv import KVCacheConfig
-from veloxd.kv.base import LayerSpec
+from veloxd.kv.base import LayerSpec, VeloxCache
 from veloxd.kv.factory import cache_class
 
 N_KV, N_Q, D = 2, 4, 64  # GQA; small heads keep CPU fp16 attention quick (per-slot overhead counts more)
@@ -34,7 +34,7 @@ def tokens(n: int, seed: int) -> tuple[mx.array, mx.array, mx.array]:
     return arrays[0], arrays[1], arrays[2]
 
 
-def feed(cache, n: int, seed: int, measure: bool = False) -> tuple[int, int]:
+def feed(cache: VeloxCache, n: int, seed: int, measure: bool = False) -> tuple[int, int]:
     """One step of n tokens; if `measure`, active memory during the step (queries excluded) and after."""
     k, v, q = tokens(n, seed)
     cache.update_and_fetch(k, v)

@@ -6,6 +6,9 @@ next-token log-probabilities, not only on the tokens.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import mlx.core as mx
 import pytest
 from mlx_lm.models.cache import RotatingKVCache
@@ -21,7 +24,7 @@ from tests.kv.evict.support import (
 )
 from veloxd.kv import KVCacheConfig, make_caches
 
-LARGE = {  # budgets above every sequence here: nothing is ever evicted
+LARGE: dict[str, dict[str, Any]] = {  # budgets above every sequence here: nothing is ever evicted
     "streaming_llm": dict(streaming_llm_window=4096),
     "knorm": dict(knorm_budget=4096),
     "snapkv": dict(snapkv_budget=4096),
@@ -31,7 +34,7 @@ LARGE = {  # budgets above every sequence here: nothing is ever evicted
 
 
 @pytest.mark.parametrize("method,extra", [*((m, {}) for m in sorted(LARGE)), ("snapkv", {"snapkv_pyramid": True})])
-def test_budget_above_the_sequence_equals_fp16(model, method: str, extra: dict) -> None:
+def test_budget_above_the_sequence_equals_fp16(model: Any, method: str, extra: dict[str, Any]) -> None:
     tokens = prompt(90, 1)
     ref_tokens, ref = decode(model, tokens, make_caches(model, KVCacheConfig(method="fp16")), 40, prefill_step_size=32)
     cache = make_caches(model, KVCacheConfig(method=method, **LARGE[method], **extra))
@@ -40,7 +43,7 @@ def test_budget_above_the_sequence_equals_fp16(model, method: str, extra: dict) 
     assert all(c.size() == c.offset == 90 + 40 and not c.evicted[0] for c in cache)
 
 
-def test_streaming_llm_decodes_like_mlx_rotating_cache(model) -> None:
+def test_streaming_llm_decodes_like_mlx_rotating_cache(model: Any) -> None:
     # Both keep post-RoPE keys at their true positions: sinks + window + the current token.
     sinks, window = 4, 36
     tokens = prompt(30, 2)  # shorter than the rotating buffer: its prefill is plain causal
@@ -54,7 +57,7 @@ def test_streaming_llm_decodes_like_mlx_rotating_cache(model) -> None:
     assert max_diff(full, ref) > 0.1  # eviction changed the distributions: the match above is not trivial
 
 
-def test_streaming_llm_prefill_chunking_changes_nothing(model) -> None:
+def test_streaming_llm_prefill_chunking_changes_nothing(model: Any) -> None:
     tokens = prompt(150, 3)
     config = KVCacheConfig(method="streaming_llm", **SMALL["streaming_llm"])
     one, split = make_caches(model, config), make_caches(model, config)
@@ -71,15 +74,15 @@ def test_streaming_llm_prefill_chunking_changes_nothing(model) -> None:
 
 
 @pytest.mark.parametrize("method", sorted(SMALL))
-def test_budget_holds_at_every_decode_step(model, method: str) -> None:
+def test_budget_holds_at_every_decode_step(model: Any, method: str) -> None:
     assert_budget_holds(model, make_caches(model, KVCacheConfig(method=method, **SMALL[method])), method, 60)
 
 
 @pytest.mark.parametrize("method", sorted(SMALL))
-def test_batched_decode_equals_single(model, method: str) -> None:
+def test_batched_decode_equals_single(model: Any, method: str) -> None:
     assert_batched_decode_equals_single(model, KVCacheConfig(method=method, **SMALL[method]))
 
 
 @pytest.mark.parametrize("method", sorted(SMALL))
-def test_state_round_trip_through_mlx_lm_files(model, method: str, tmp_path) -> None:
+def test_state_round_trip_through_mlx_lm_files(model: Any, method: str, tmp_path: Path) -> None:
     assert_state_round_trip(model, KVCacheConfig(method=method, **SMALL[method]), tmp_path)

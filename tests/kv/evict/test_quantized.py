@@ -5,15 +5,18 @@ registry and config errors in test_quantized_config.py."""
 from __future__ import annotations
 
 import copy
+from typing import Any
 
 import mlx.core as mx
 import pytest
 
-from tests.kv.support import held_arrays, reference_attention
+from tests.kv.support import held_arrays, merged, reference_attention
 from veloxd.kv import KVCacheConfig, registry
-from veloxd.kv.base import LayerSpec
+from veloxd.kv.base import LayerSpec, VeloxCache
 from veloxd.kv.evict.attention import visible
-from veloxd.kv.evict.packed import KEY_FIELDS, VALUE_FIELDS
+from veloxd.kv.evict.batch import EvictionBatch
+from veloxd.kv.evict.engine import EvictionCache
+from veloxd.kv.evict.packed import KEY_FIELDS, VALUE_FIELDS, AffineSlots
 from veloxd.kv.factory import cache_class
 from veloxd.kv.ops.blockwise import query_block
 from veloxd.kv.preflight import check
@@ -22,7 +25,7 @@ HYBRIDS = [h.name for h in registry.HYBRIDS]
 
 N_KV = 2
 # Budgets small enough that a 70-token prompt and a few decode steps evict.
-SMALL = {
+SMALL: dict[str, dict[str, Any]] = {
     "streaming_llm": {"streaming_llm_sinks": 4, "streaming_llm_window": 28},
     "knorm": {"knorm_budget": 32, "knorm_window": 8},
     "snapkv": {"snapkv_budget": 32, "snapkv_window": 8},
@@ -37,7 +40,7 @@ def config(method: str, d: int, bits: int = 4, rotate: bool = False) -> KVCacheC
     return KVCacheConfig(method=method, bits=bits, affine_group_size=group, affine_rotate=rotate, **policy)
 
 
-def dequantized_slots(cache, n: int) -> tuple[mx.array, mx.array]:
+def dequantized_slots(cache: AffineSlots, n: int) -> tuple[mx.array, mx.array]:
     """Keys and values [B, Hkv, n, D] of the first n slots, decoded from the codes (the reference)."""
     cfg = cache.config
     key_bits = cfg.affine_key_bits or cfg.bit_width
@@ -53,13 +56,14 @@ def dequantized_slots(cache, n: int) -> tuple[mx.array, mx.array]:
 
 
 def rel(a: mx.array, b: mx.array) -> float:
-    return (mx.linalg.norm(a - b) / mx.linalg.norm(b)).item()
+    return float(mx.linalg.norm(a - b) / mx.linalg.norm(b))
 
 
 def check_steps(method: str, gqa: int, d: int, rotate: bool = False) -> None:
     """Prefill 70 tokens then 12 decode steps; every output equals dense attention over the decoded
     slots (rotated keys: with the queries rotated the same way, which leaves q.k unchanged)."""
     cache = cache_class(method)(config(method, d, rotate=rotate), LayerSpec(0, 2))
+    assert isinstance(cache, AffineSlots), type(cache)  # a hybrid: eviction over affine codes
     n_q, scale = N_KV * gqa, d**-0.5
     keys = mx.random.normal((1, N_KV, 82, d), key=mx.random.key(d + gqa))
     values = mx.random.normal((1, N_KV, 82, d), key=mx.random.key(d + gqa + 1))
@@ -157,7 +161,7 @@ def test_rotation_tames_outlier_key_channels() -> None:
     assert errors[True] < 0.7 * errors[False], errors
 
 
-def feed(cache, k: mx.array, v: mx.array, q: mx.array) -> mx.array:
+def feed(cache: VeloxCache, k: mx.array, v: mx.array, q: mx.array) -> mx.array:
     cache.update_and_fetch(k, v)
     return cache.attend(q, 128**-0.5, "causal" if q.shape[2] > 1 else None)
 
@@ -170,6 +174,7 @@ def test_batch_moves_match_single_requests_while_evicting(method: str) -> None:
     d = 128
     cfg = config(method, d) if method in HYBRIDS else KVCacheConfig(method=method, **SMALL[method])
     cls = cache_class(method)
+    assert issubclass(cls, EvictionCache), cls
 
     def rand(rows: int, n: int, seed: int) -> tuple[mx.array, mx.array, mx.array]:
         k1, k2, k3 = mx.random.split(mx.random.key(seed), 3)
@@ -184,7 +189,8 @@ def test_batch_moves_match_single_requests_while_evicting(method: str) -> None:
     for cache, n in zip(singles, (40, 0, 20)):
         if n:
             feed(cache, *rand(1, n, n))
-    batch = cls.merge(copy.deepcopy(singles))
+    batch = merged(copy.deepcopy(singles))
+    assert isinstance(batch, EvictionBatch), type(batch)
 
     def step(lengths: list[int], seed: int) -> None:
         width = max(lengths)
@@ -195,7 +201,7 @@ def test_batch_moves_match_single_requests_while_evicting(method: str) -> None:
         batch.finalize()
         for b, (single, n) in enumerate(zip(singles, lengths)):
             expected = feed(single, k[b : b + 1, :, :n], v[b : b + 1, :, :n], q[b : b + 1, :, :n])
-            assert mx.abs(out[b : b + 1, :, :n] - expected).max().item() < 1e-4, (seed, b)
+            assert float(mx.abs(out[b : b + 1, :, :n] - expected).max()) < 1e-4, (seed, b)
         assert batch.offset.tolist() == [s.offset for s in singles]
 
     step([5, 12, 3], 100)  # right-padded prompt chunk
@@ -207,7 +213,9 @@ def test_batch_moves_match_single_requests_while_evicting(method: str) -> None:
     step([1, 1], 300)
     late = cls(cfg, LayerSpec(0, 1))
     feed(late, *rand(1, 50, 400))
-    batch.extend(cls.merge([copy.deepcopy(late)]))
+    late_batch = merged([copy.deepcopy(late)])
+    assert isinstance(late_batch, EvictionBatch), type(late_batch)
+    batch.extend(late_batch)
     singles.append(late)
     for i in range(3):
         step([1, 1, 1], 500 + i)
@@ -215,7 +223,7 @@ def test_batch_moves_match_single_requests_while_evicting(method: str) -> None:
     for b, single in enumerate(singles):
         extracted = batch.extract(b)
         assert type(extracted) is cls and extracted.size() == single.size() and extracted.offset == single.offset
-        assert mx.abs(feed(extracted, k, v, q) - feed(single, k, v, q)).max().item() < 1e-4
+        assert float(mx.abs(feed(extracted, k, v, q) - feed(single, k, v, q)).max()) < 1e-4
     assert batch.nbytes == sum(a.nbytes for a in held_arrays(batch))
 
 

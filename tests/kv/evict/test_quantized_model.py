@@ -3,6 +3,9 @@ BatchGenerator, state files, quality against the same policy in fp16 slots, and 
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import mlx.core as mx
 import pytest
 from mlx_lm import load
@@ -18,16 +21,16 @@ from tests.support import REPO
 from veloxd.kv import KVCacheConfig, make_caches, registry
 
 HYBRIDS = [h.name for h in registry.HYBRIDS]
-SNAP = dict(snapkv_budget=96, snapkv_window=16)  # the quality check: a 300-token prompt keeps 96
+SNAP: dict[str, Any] = dict(snapkv_budget=96, snapkv_window=16)  # the quality check: a 300-token prompt keeps 96
 SHIPPED = REPO / "veloxd" / "assets" / "tiny-llama"  # trained (fp16 weights): quality means something on it
 
 
 @pytest.fixture(scope="module")
-def shipped() -> tuple[object, list[int]]:
+def shipped() -> tuple[Any, list[int]]:
     """The shipped model and 300 tokens of code text (random ids would make every policy look alike)."""
     from testkit.tinymodel import corpus
 
-    model, tokenizer = load(str(SHIPPED))
+    model, tokenizer = load(str(SHIPPED))[:2]
     return model, tokenizer.encode(" ".join(corpus()[:4]))[:300]
 
 
@@ -37,7 +40,7 @@ def small(method: str, bits: int = 4) -> KVCacheConfig:
 
 
 @pytest.mark.parametrize("method", HYBRIDS)
-def test_budget_holds_and_only_codes_are_held(model, method: str) -> None:
+def test_budget_holds_and_only_codes_are_held(model: Any, method: str) -> None:
     cache = make_caches(model, small(method))
     assert_budget_holds(model, cache, method, 40)
     head_dim = model.args.head_dim
@@ -47,17 +50,17 @@ def test_budget_holds_and_only_codes_are_held(model, method: str) -> None:
 
 
 @pytest.mark.parametrize("method", HYBRIDS)
-def test_batched_decode_equals_single(model, method: str) -> None:
+def test_batched_decode_equals_single(model: Any, method: str) -> None:
     assert_batched_decode_equals_single(model, small(method))
 
 
 @pytest.mark.parametrize("method", ["snapkv_affine", "h2o_affine"])
-def test_state_round_trip_through_mlx_lm_files(model, method: str, tmp_path) -> None:
+def test_state_round_trip_through_mlx_lm_files(model: Any, method: str, tmp_path: Path) -> None:
     assert_state_round_trip(model, small(method), tmp_path)
 
 
 def forced_kl(
-    model, reference: tuple[list[int], list[mx.array]], prompt_ids: list[int], config: KVCacheConfig
+    model: Any, reference: tuple[list[int], list[mx.array]], prompt_ids: list[int], config: KVCacheConfig
 ) -> list[float]:
     """KL(reference || config) at each step of the reference's greedy continuation (teacher-forced)."""
     tokens, ref_lps = reference
@@ -74,7 +77,7 @@ def exact(logprobs: mx.array) -> mx.array:
     return x - mx.logsumexp(x, axis=-1, keepdims=True)
 
 
-def test_snapkv_over_affine_4_stays_close_to_snapkv(shipped) -> None:
+def test_snapkv_over_affine_4_stays_close_to_snapkv(shipped: tuple[Any, list[int]]) -> None:
     """Teacher-forced on snapkv's 32 greedy steps after 300 prompt tokens (96 kept), KL against snapkv
     in fp16 slots measured: mean 4e-5 at 8 bits, 1.4e-3 at 4 (max 4.9e-3), 3.2e-2 at 2 (snapkv
     itself is at 6.7e-3 from the fp16 cache). The bounds leave ~3.5x room; bits must order them."""
@@ -90,7 +93,7 @@ def test_snapkv_over_affine_4_stays_close_to_snapkv(shipped) -> None:
     assert mean[8] < mean[4] < mean[2], mean  # fewer bits, further from the fp16 slots
 
 
-def test_stored_bytes_per_retained_token_are_codes_plus_scales(shipped) -> None:
+def test_stored_bytes_per_retained_token_are_codes_plus_scales(shipped: tuple[Any, list[int]]) -> None:
     """At 4 bits, group 64, per token and KV head: D/2 bytes of codes + 4 bytes of fp16 scale and
     bias per group, for keys and for values, plus snapkv's int32 position and float32 score."""
     model, text_prompt = shipped
@@ -100,7 +103,7 @@ def test_stored_bytes_per_retained_token_are_codes_plus_scales(shipped) -> None:
     fp16_kv = 2 * 2 * d  # keys + values in fp16, what the ratio is against
     held = {}
     for method, per in per_slot.items():
-        unrotated = {"affine_rotate": False} if method == "snapkv_affine" else {}  # the codes alone
+        unrotated: dict[str, Any] = {"affine_rotate": False} if method == "snapkv_affine" else {}  # the codes alone
         cache = make_caches(model, KVCacheConfig(method=method, **unrotated, **SNAP))
         prefill(model, cache, text_prompt[:-1], 64)
         prefill(model, cache, text_prompt[-1:], 1)  # the prompt ends: compressed to the budget

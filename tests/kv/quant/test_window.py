@@ -6,27 +6,33 @@ reference.
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import mlx.core as mx
 import pytest
 
 from tests.kv import contract as kc
 from tests.kv.support import reference_attention
 from veloxd.kv.config import WINDOWED, KVCacheConfig, KVConfigError
+from veloxd.kv.quant.tokencache import TokenQuantCache
 
-SETTINGS = {"affine": {"affine_rotate": True}}  # the rotated frame must meet the window's keys too
+SETTINGS: dict[str, dict[str, Any]] = {
+    "affine": {"affine_rotate": True}
+}  # the rotated frame must meet the window's keys too
 
 
-def config(method: str, window: int, **fields) -> KVCacheConfig:
+def config(method: str, window: int, **fields: Any) -> KVCacheConfig:
     return KVCacheConfig(method, recent_window=window, **SETTINGS.get(method, {}), **fields)
 
 
-def causal_out(cache, q: mx.array, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
+def causal_out(cache: TokenQuantCache, q: mx.array, keys: mx.array, values: mx.array) -> tuple[mx.array, mx.array]:
     """(cache output, dense output) of the last q.shape[2] positions under a causal mask."""
     return cache.attend(q, kc.SCALE, "causal"), reference_attention(q, keys, values, kc.SCALE, "causal")
 
 
 @pytest.mark.parametrize("method", WINDOWED)
-def test_a_window_covering_every_token_is_exact_attention(method):
+def test_a_window_covering_every_token_is_exact_attention(method: str) -> None:
     """Prefill chunk (causal, 12 queries) and a decode step, both with all 40 tokens in the window."""
     keys, values = kc.kv(40, seed=1)
     cache = kc.new_cache(config(method, 64))
@@ -39,7 +45,7 @@ def test_a_window_covering_every_token_is_exact_attention(method):
 
 
 @pytest.mark.parametrize("method", WINDOWED)
-def test_the_window_lowers_the_error_and_only_by_reading_its_tokens(method):
+def test_the_window_lowers_the_error_and_only_by_reading_its_tokens(method: str) -> None:
     """A 32-token window beats none; a query that gives the newest tokens no weight sees no change."""
     errors = {w: kc.attention_error(config(method, w)) for w in (0, 32)}
     assert errors[32] < errors[0], errors
@@ -55,7 +61,7 @@ def test_the_window_lowers_the_error_and_only_by_reading_its_tokens(method):
 
 
 @pytest.mark.parametrize("method", WINDOWED)
-def test_window_bytes_are_counted_and_fixed(method):
+def test_window_bytes_are_counted_and_fixed(method: str) -> None:
     """nbytes = codes + W x (D + Dv) x itemsize + W flags, whatever the length past W."""
     sizes = []
     for n in (100, 200):
@@ -70,18 +76,18 @@ def test_window_bytes_are_counted_and_fixed(method):
 
 
 @pytest.mark.parametrize("method", WINDOWED)
-def test_trim_keeps_codes_exact_and_the_window_refills(method):
+def test_trim_keeps_codes_exact_and_the_window_refills(method: str) -> None:
     """Trim 10 then append 10: equal to a fresh prefill (the window refilled); append 5: the 5
     oldest slots read codes, so the output differs but only through those slots."""
     keys, values = kc.kv(60, seed=4)
     q = kc.queries(1, seed=5)
 
-    def feed(cache, start: int, stop: int) -> mx.array:
+    def feed(cache: TokenQuantCache, start: int, stop: int) -> mx.array:
         """What a model step does: store the chunk, then attend (which lets the window drop it)."""
         cache.update_and_fetch(keys[:, :, start:stop], values[:, :, start:stop])
         return cache.attend(q, kc.SCALE, None)
 
-    def after_trim(extra: int) -> tuple[mx.array, mx.array, object]:
+    def after_trim(extra: int) -> tuple[mx.array, mx.array, TokenQuantCache]:
         trimmed, fresh = kc.new_cache(config(method, 16)), kc.new_cache(config(method, 16))
         feed(trimmed, 0, 40)
         assert trimmed.trim(10) == 10
@@ -90,14 +96,16 @@ def test_trim_keeps_codes_exact_and_the_window_refills(method):
 
     same, fresh_out, refilled = after_trim(10)
     assert mx.array_equal(same, fresh_out).item()
+    assert refilled.window is not None
     assert refilled.window.valid.sum().item() == 16
     differs, fresh_out, partial = after_trim(5)
+    assert partial.window is not None
     assert partial.window.valid.sum().item() == 11
     assert not mx.array_equal(differs, fresh_out).item()
 
 
 @pytest.mark.parametrize("method", WINDOWED)
-def test_batched_rows_equal_their_single_caches_with_a_window(method):
+def test_batched_rows_equal_their_single_caches_with_a_window(method: str) -> None:
     """Rows of 37 and 20 tokens (one longer, one shorter than the window) through merge and extract."""
     batched, single, batch = kc.batched_and_single(config(method, 24))
     assert batch.window is not None
@@ -106,7 +114,7 @@ def test_batched_rows_equal_their_single_caches_with_a_window(method):
 
 
 @pytest.mark.parametrize("method", WINDOWED)
-def test_window_survives_the_prompt_cache_round_trip(method, tmp_path):
+def test_window_survives_the_prompt_cache_round_trip(method: str, tmp_path: Path) -> None:
     cache, loaded, copied = kc.state_round_trip(config(method, 32), tmp_path / "c.safetensors")
     q = kc.queries(1, seed=9)
     expected = cache.attend(q, kc.SCALE, None)
@@ -115,7 +123,7 @@ def test_window_survives_the_prompt_cache_round_trip(method, tmp_path):
         assert mx.array_equal(other.attend(q, kc.SCALE, None), expected).item()
 
 
-def test_window_applies_only_to_per_token_codecs():
+def test_window_applies_only_to_per_token_codecs() -> None:
     with pytest.raises(KVConfigError, match="recent_window"):
         KVCacheConfig("kivi", recent_window=8)
     with pytest.raises(KVConfigError, match="recent_window"):
@@ -123,7 +131,7 @@ def test_window_applies_only_to_per_token_codecs():
 
 
 @pytest.mark.parametrize("method", WINDOWED)
-def test_chunking_does_not_change_what_a_query_reads(method):
+def test_chunking_does_not_change_what_a_query_reads(method: str) -> None:
     """The last 8 queries of a 40-token prompt: one chunk, a chunk of 8, or one token at a time,
     with a 16-token window (so each query's exact span crosses the chunk boundary)."""
     keys, values = kc.kv(40, seed=11)
