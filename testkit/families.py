@@ -153,7 +153,7 @@ def build(family: str, seed: int = 0, vocab: int = VOCAB) -> Any:
     """The family's model with random weights (evaluated), as mlx_lm's load would build it."""
     import mlx.core as mx
 
-    from veloxd.serve.mlx_compat import model_classes
+    from veloxd.serve.mlx_compat.models import model_classes
 
     cfg = config(family, vocab)
     model_class, args_class_ = model_classes(cfg)

@@ -50,11 +50,12 @@ def scan_source(source: str) -> list[tuple[int, str]]:
 
 
 def private_mlx_lm_uses(package: Path, exclude: set[str]) -> list[str]:
-    """`path:line: name` for every use outside the excluded files (paths relative to the package)."""
+    """`path:line: name` for every use outside the excluded files and folders (paths relative to the
+    package; a folder ends with "/")."""
     offenders = []
     for path in sorted(package.rglob("*.py")):
         relative = path.relative_to(package).as_posix()
-        if relative in exclude:
+        if relative in exclude or any(relative.startswith(e) for e in exclude if e.endswith("/")):
             continue
         for line, name in scan_source(path.read_text(encoding="utf-8")):
             offenders.append(f"{relative}:{line}: {name}")

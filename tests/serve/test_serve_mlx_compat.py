@@ -1,4 +1,4 @@
-"""Contract tests for veloxd/serve/mlx_compat.py: the mlx_lm.server internals it relies on.
+"""Contract tests for veloxd/serve/mlx_compat/: the mlx_lm.server internals it relies on.
 
 An mlx_lm upgrade that moves any of these breaks here, loudly, in one place.
 """
@@ -16,7 +16,7 @@ from mlx_lm import server as mlx_server
 
 import veloxd
 from tests.serve.private_names import private_mlx_lm_uses, scan_source
-from veloxd.serve import mlx_compat
+from veloxd.serve.mlx_compat import models, provider
 
 
 def upstream_parser() -> argparse.ArgumentParser:
@@ -38,18 +38,18 @@ def upstream_parser() -> argparse.ArgumentParser:
 
 
 def test_installed_mlx_lm_is_in_the_tested_range() -> None:
-    mlx_compat.check_version()
+    models.check_version()
 
 
 def test_upstream_defaults_match_mlx_lm_server_main() -> None:
     defaults = vars(upstream_parser().parse_args([]))
-    assert defaults == mlx_compat.UPSTREAM_DEFAULTS
+    assert defaults == provider.UPSTREAM_DEFAULTS
 
 
 def test_every_cli_arg_mlx_lm_server_reads_is_provided() -> None:
     source = inspect.getsource(mlx_server)
     read = set(re.findall(r"cli_args\.([a-z_]+)", source))
-    missing = read - set(mlx_compat.UPSTREAM_DEFAULTS)
+    missing = read - set(provider.UPSTREAM_DEFAULTS)
     assert not missing, f"mlx_lm.server now reads {missing}"
 
 
@@ -99,7 +99,7 @@ def test_request_hooks_used_for_limits() -> None:
 
 
 def test_server_args_keeps_upstream_defaults_and_applies_overrides() -> None:
-    args = mlx_compat.server_args(model="m", max_tokens=7, temp=None)
+    args = provider.server_args(model="m", max_tokens=7, temp=None)
     assert args.model == "m" and args.max_tokens == 7 and args.temp == 0.0
     assert args.kv_bits is None  # mlx_lm's own KV quantization stays off: veloxd owns the cache
 
@@ -109,7 +109,7 @@ def test_private_names_the_compat_module_uses_exist() -> None:
     from mlx_lm.models.cache import _BaseCache
     from mlx_lm.utils import _get_classes
 
-    assert mlx_compat.BaseCache is _BaseCache
+    assert models.BaseCache is _BaseCache
     assert callable(_get_classes)
     generator = mlx_server.ResponseGenerator
     for method in ("_next_request", "_share_request", "_tokenize", "_await_response", "_serve_single", "_generate"):
@@ -124,15 +124,15 @@ def test_private_names_the_compat_module_uses_exist() -> None:
 def test_model_classes_resolves_remapped_model_types() -> None:
     from mlx_lm.models import llama, mistral3
 
-    assert mlx_compat.model_classes({"model_type": "llama"})[0] is llama.Model
-    assert mlx_compat.model_classes({"model_type": "mistral3"})[0] is mistral3.Model
+    assert models.model_classes({"model_type": "llama"})[0] is llama.Model
+    assert models.model_classes({"model_type": "mistral3"})[0] is mistral3.Model
     with pytest.raises(ValueError):
-        mlx_compat.model_classes({"model_type": "no-such-architecture"})
+        models.model_classes({"model_type": "no-such-architecture"})
 
 
 def test_no_other_module_names_a_private_mlx_lm_attribute() -> None:
-    """The one door: private mlx_lm names appear only in veloxd/serve/mlx_compat.py."""
-    offenders = private_mlx_lm_uses(Path(veloxd.__file__).parent, exclude={"serve/mlx_compat.py"})
+    """The one door: private mlx_lm names appear only in veloxd/serve/mlx_compat/."""
+    offenders = private_mlx_lm_uses(Path(veloxd.__file__).parent, exclude={"serve/mlx_compat/"})
     assert offenders == []
 
 

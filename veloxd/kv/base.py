@@ -37,7 +37,7 @@ from mlx_lm.models import cache as mlx_cache
 
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.ops.blockwise import DEFAULT_BLOCK
-from veloxd.serve.mlx_compat import BaseCache
+from veloxd.serve.mlx_compat.models import BaseCache
 
 
 @dataclass(frozen=True)

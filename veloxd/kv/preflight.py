@@ -62,7 +62,7 @@ def model_skeleton(config: dict[str, Any]) -> tuple[type, Any]:
 
     A config mlx_lm's ModelArgs or Model rejects is the load's error to report, with its own message.
     """
-    from veloxd.serve.mlx_compat import model_classes
+    from veloxd.serve.mlx_compat.models import model_classes
 
     try:
         model_class, args_class_ = model_classes(config)

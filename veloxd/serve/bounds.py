@@ -1,6 +1,6 @@
 """Per-request bounds that need no mlx: header and body time, body size and form, and noticing a client that left.
 
-The HTTP handler (veloxd/serve/mlx_compat.py) calls these; they speak only sockets and files.
+The HTTP handler (veloxd/serve/mlx_compat/handler.py) calls these; they speak only sockets and files.
 """
 
 from __future__ import annotations

@@ -30,13 +30,9 @@ from veloxd.serve import preflight
 from veloxd.serve.doorbell import Doorbell, connect_group
 from veloxd.serve.lifeline import Stopper, start_watch
 from veloxd.serve.limits import EffectiveLimits
-from veloxd.serve.mlx_compat import (
-    PinnedProvider,
-    check_version,
-    model_classes,
-    model_names,
-    start_generator,
-)
+from veloxd.serve.mlx_compat.generators import start_generator
+from veloxd.serve.mlx_compat.models import check_version, model_classes
+from veloxd.serve.mlx_compat.provider import PinnedProvider, model_names
 from veloxd.serve.options import ServeOptions
 from veloxd.serve.wiring import Wiring, wire_caches
 from veloxd.serve.worker import (

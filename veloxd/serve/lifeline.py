@@ -22,7 +22,7 @@ class Stopper:
     def __init__(self) -> None:
         self.code: int | None = None
         self._lock = threading.Lock()
-        self.handle: Any = None  # veloxd.serve.mlx_compat.ServerHandle once bound
+        self.handle: Any = None  # veloxd.serve.mlx_compat.httpd.ServerHandle once bound
         self.stopped = threading.Event()  # set once a stop is asked for (a follower rank waits on it)
 
     def stop(self, code: int, message: str | None = None) -> None:

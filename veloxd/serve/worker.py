@@ -27,16 +27,11 @@ from veloxd.protocol import ExitCode
 from veloxd.serve import figures, preflight
 from veloxd.serve.lifeline import Stopper
 from veloxd.serve.limits import EffectiveLimits
-from veloxd.serve.mlx_compat import (
-    UPSTREAM_DEFAULTS,
-    PinnedProvider,
-    ServerHandle,
-    check_version,
-    generation_thread,
-    handler_class,
-    model_names,
-    server_args,
-)
+from veloxd.serve.mlx_compat.generators import generation_thread
+from veloxd.serve.mlx_compat.handler import handler_class
+from veloxd.serve.mlx_compat.httpd import ServerHandle
+from veloxd.serve.mlx_compat.models import check_version
+from veloxd.serve.mlx_compat.provider import UPSTREAM_DEFAULTS, PinnedProvider, model_names, server_args
 from veloxd.serve.options import ServeOptions
 from veloxd.serve.wiring import measured, wire_caches
 
