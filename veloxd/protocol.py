@@ -42,6 +42,15 @@ WORKER_ENV = {"PYTHONUNBUFFERED": "1"}
 # The daemon's state directory, set in every worker's environment: the worker keeps its measured
 # KV memory figures there (veloxd.serve.figures); a worker started by hand uses the user cache dir.
 STATE_DIR_ENV = "VELOXD_STATE_DIR"
+# How a worker under the daemon logs on stderr (the daemon's log timestamps each line itself).
+WORKER_LOG_FORMAT = "%(levelname)s %(message)s"
+ROUTINE_LOG_LINES = ("DEBUG ", "INFO ")  # progress in that format, never the cause of an exit
+
+
+def last_notable_line(stderr: list[str]) -> str | None:
+    """The last stderr line worth showing for why a worker ended: not blank, not routine progress."""
+    notable = [line.strip() for line in stderr if line.strip() and not line.startswith(ROUTINE_LOG_LINES)]
+    return notable[-1] if notable else None
 
 
 class ExitCode(enum.IntEnum):

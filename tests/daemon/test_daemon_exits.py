@@ -85,3 +85,14 @@ def test_a_refused_ready_line_is_unfixable_whatever_the_exit_code() -> None:
     refused = "the worker runs bits 4, the entry asks for bits 3"
     verdict = after_exit(S.STARTING, -signal.SIGKILL, QUIET, None, timed_out=False, refused=refused, **WHERE)
     assert verdict == Crashed("exited", refused, "exited: SIGKILL")
+
+
+def test_routine_worker_log_lines_are_not_what_to_read() -> None:
+    """A worker killed from outside (the OOM killer, kill -9) whose last stderr line is progress:
+    status says how it ended, not `INFO kv_figure_saved ...`; a warning or an error line still wins."""
+    progress = {"stdout": [], "stderr": ["INFO kv_figure_saved path=/state/f.json", "DEBUG polled"]}
+    verdict = after_exit(S.READY, -signal.SIGKILL, progress, None, timed_out=False, refused=None, **WHERE)
+    assert verdict == Crashed("exited", None, "exited: SIGKILL")
+    warned = {"stdout": [], "stderr": ["WARNING request_cancelled reason=shutdown", "INFO kv_figure_saved path=/f"]}
+    verdict = after_exit(S.READY, 1, warned, None, timed_out=False, refused=None, **WHERE)
+    assert verdict == Crashed("exited", None, "WARNING request_cancelled reason=shutdown")

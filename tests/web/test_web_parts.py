@@ -82,6 +82,10 @@ def test_config_errors_go_below_the_line_and_a_crash_shows_its_last_error_once()
     stopped = {**exited, "expected": True}
     assert len(ConsoleProcessor(colors=False).render(stopped).splitlines()) == 1
     assert "last_error" not in ConsoleProcessor(colors=False).render(stopped)
+    killed = {**exited, "code": None, "signal": "SIGKILL", "last_lines": {"stderr": ["ValueError: old", "INFO loaded"]}}
+    assert ConsoleProcessor(colors=False).render(killed).endswith("last_error='ValueError: old'")
+    routine = {**killed, "last_lines": {"stderr": ["INFO kv_figure_saved path=/x", "DEBUG y"]}}
+    assert "last_error" not in ConsoleProcessor(colors=False).render(routine)  # progress is no cause
 
 
 def test_output_lines_are_shown_raw_and_the_ready_json_cut_short() -> None:

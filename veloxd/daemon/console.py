@@ -17,6 +17,8 @@ from typing import Any, TextIO
 import structlog
 from structlog.dev import Column, ConsoleRenderer, KeyValueColumnFormatter, LogLevelColumnFormatter
 
+from veloxd import protocol
+
 # Keys never shown on the console: the event name already says them, or they only matter to tools.
 HIDDEN = frozenset(
     {
@@ -99,12 +101,11 @@ def _below(event: dict[str, Any]) -> list[str]:
 
 
 def _last_error(event: dict[str, Any]) -> str | None:
-    """The last line a worker wrote to stderr before an unexpected exit: the exception, usually."""
+    """The last notable line a worker wrote to stderr before an unexpected exit: the exception, usually."""
     tail = event.get("last_lines")
     if event.get("event") != "server_exited" or not isinstance(tail, dict) or event.get("expected", False):
         return None
-    stderr = [str(line).strip() for line in tail.get("stderr") or [] if str(line).strip()]
-    return stderr[-1] if stderr else None
+    return protocol.last_notable_line([str(line) for line in tail.get("stderr") or []])
 
 
 def compact(event: Mapping[str, Any], *, with_date: bool = False) -> dict[str, Any]:

@@ -58,9 +58,10 @@ def after_exit(
     reason = "ready_timeout" if timed_out else "unresponsive" if state is S.UNRESPONSIVE else "exited"
     last_error = None  # unresponsive: the error set when it was killed says why
     if reason != "unresponsive":
-        stderr = [line for line in tail.get("stderr", []) if line.strip()]
         exit_text = describe_exit(returncode)
-        last_error = stderr[-1] if stderr else f"{reason}: {exit_text['signal'] or 'code ' + str(exit_text['code'])}"
+        last_error = protocol.last_notable_line(tail.get("stderr", [])) or (
+            f"{reason}: {exit_text['signal'] or 'code ' + str(exit_text['code'])}"
+        )
     unfixable = refused
     if unfixable is None and returncode == UNFIXABLE_EXIT:
         unfixable = (

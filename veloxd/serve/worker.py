@@ -165,7 +165,7 @@ def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
         return ExitCode.INVALID
     # Under the daemon every output line is already timestamped in its log: no second clock.
     shown = (
-        "%(levelname)s %(message)s" if options.lifeline_fd is not None else "%(asctime)s - %(levelname)s - %(message)s"
+        protocol.WORKER_LOG_FORMAT if options.lifeline_fd is not None else "%(asctime)s - %(levelname)s - %(message)s"
     )
     logging.basicConfig(level=logging.INFO, format=shown)
     stopper = stopper or Stopper()
