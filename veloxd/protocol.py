@@ -42,6 +42,9 @@ WORKER_ENV = {"PYTHONUNBUFFERED": "1"}
 # The daemon's state directory, set in every worker's environment: the worker keeps its measured
 # KV memory figures there (veloxd.serve.figures); a worker started by hand uses the user cache dir.
 STATE_DIR_ENV = "VELOXD_STATE_DIR"
+# A worker's own account on stderr, a line each ("veloxd serve: error: ...", "... warning: ..."):
+# the daemon shows the last one that is not a warning as why the worker exited.
+WORKER_PREFIX = "veloxd serve: "
 # How a worker under the daemon logs on stderr (the daemon's log timestamps each line itself).
 WORKER_LOG_FORMAT = "%(levelname)s %(message)s"
 ROUTINE_LOG_LINES = ("DEBUG ", "INFO ")  # progress in that format, never the cause of an exit

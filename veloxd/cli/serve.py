@@ -116,10 +116,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         options = build_options(args)
     except UsageError as err:
-        print(f"veloxd serve: error: {err}", file=sys.stderr)
+        print(f"{protocol.WORKER_PREFIX}error: {err}", file=sys.stderr)
         return protocol.ExitCode.PORT_IN_USE if isinstance(err, PortInUse) else protocol.ExitCode.INVALID
     for warning in options.warnings:
-        print(f"veloxd serve: warning: {warning}", file=sys.stderr)
+        print(f"{protocol.WORKER_PREFIX}warning: {warning}", file=sys.stderr)
     if options.distributed is not None:  # imports mlx: only after validation
         from veloxd.serve.distributed import serve_rank
 

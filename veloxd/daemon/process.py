@@ -188,7 +188,6 @@ def default_worker_command() -> list[str]:
     return veloxd_argv("serve")
 
 
-WORKER_PREFIX = "veloxd serve: "
 ERROR_LINE_MAX = 400
 
 
@@ -197,7 +196,7 @@ def error_line(tail: Mapping[str, list[str]]) -> str | None:
     the exception it points at ("see the error above") when there is one; else the last line of a
     Python traceback (`SomeError: message`); else None."""
     lines = [line.strip() for line in tail.get("stderr", []) if line.strip()]
-    said = [line[len(WORKER_PREFIX) :] for line in lines if line.startswith(WORKER_PREFIX)]
+    said = [line[len(protocol.WORKER_PREFIX) :] for line in lines if line.startswith(protocol.WORKER_PREFIX)]
     said = [line for line in said if not line.startswith("warning:")]
     raised = [line for line in lines if _is_exception_line(line)]
     if said and raised and "see the error above" in said[-1]:

@@ -179,12 +179,12 @@ def serve_rank(options: ServeOptions, stopper: Stopper | None = None) -> int:
     except ValueError as err:
         refused = f"error: cannot shard {options.model}: {err}"
     if refused:
-        print(f"veloxd serve: {refused}", file=sys.stderr)
+        print(f"{protocol.WORKER_PREFIX}{refused}", file=sys.stderr)
         return 2
     group = mx.distributed.init()
     if group.size() < 2:
         print(
-            "veloxd serve: error: --distributed: this process is not one rank of a group "
+            f"{protocol.WORKER_PREFIX}error: --distributed: this process is not one rank of a group "
             "(start it with mlx.launch, as the daemon does for a `distributed:` entry)",
             file=sys.stderr,
         )
@@ -207,7 +207,7 @@ def serve_rank(options: ServeOptions, stopper: Stopper | None = None) -> int:
             payload = group_payload(options, model_id, wiring, provider.limits, time.monotonic() - started, ranks)
             payload["warnings"] = load_warnings(model, options.kv)  # as a single worker's READY
             for warning in payload["warnings"]:
-                print(f"veloxd serve: warning: {warning}", file=sys.stderr, flush=True)
+                print(f"{protocol.WORKER_PREFIX}warning: {warning}", file=sys.stderr, flush=True)
             payload["distributed"]["idle"] = "doorbell" if provider.doorbell is not None else "polling"
             print(protocol.format_ready(payload), flush=True)
         return wiring.batchable

@@ -13,6 +13,7 @@ import sys
 import threading
 from typing import Any
 
+from veloxd import protocol
 from veloxd.protocol import LIFELINE_GRACE_S, ExitCode
 
 
@@ -33,7 +34,7 @@ class Stopper:
         self.stopped.set()
         if message:
             with contextlib.suppress(OSError):  # the daemon died and nobody reads stderr (EPIPE): still stop
-                print(f"veloxd serve: {message}", file=sys.stderr, flush=True)
+                print(f"{protocol.WORKER_PREFIX}{message}", file=sys.stderr, flush=True)
         if self.handle is not None:
             threading.Thread(target=self.handle.httpd.shutdown, daemon=True).start()
 

@@ -149,7 +149,7 @@ def bind_server(options: ServeOptions, provider: PinnedProvider, model_id: str, 
         return ServerHandle(options.host, options.port, provider, handler)
     except OSError as err:
         print(
-            f"veloxd serve: error: --port {options.port}: cannot bind {options.host}:{options.port} ({err.strerror})",
+            f"{protocol.WORKER_PREFIX}error: --port {options.port}: cannot bind {options.host}:{options.port} ({err.strerror})",
             file=sys.stderr,
         )
         return None
@@ -161,7 +161,7 @@ def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
     check_version()
     refused = preflight.refusal(options.model, options.kv)
     if refused:
-        print(f"veloxd serve: {refused}", file=sys.stderr)
+        print(f"{protocol.WORKER_PREFIX}{refused}", file=sys.stderr)
         return ExitCode.INVALID
     # Under the daemon every output line is already timestamped in its log: no second clock.
     shown = (
@@ -178,7 +178,7 @@ def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
             wiring = wire_caches(model, options.kv, kept_figure(options))
         warnings = load_warnings(model, options.kv)
         for warning in warnings:
-            print(f"veloxd serve: warning: {warning}", file=sys.stderr, flush=True)
+            print(f"{protocol.WORKER_PREFIX}warning: {warning}", file=sys.stderr, flush=True)
         payload = ready_payload(
             options, model_id, wiring, provider.limits, time.monotonic() - started, memory_facts(model), warnings
         )
