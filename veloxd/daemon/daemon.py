@@ -267,13 +267,13 @@ class Daemon:
         outcome = self.source.read()
         changes, self._file_changes = self._file_changes, 0
         if isinstance(outcome, Unchanged):
-            self.log.info("config_unchanged", source=source, config_sha256=outcome.sha256)
+            self.log.info("config_unchanged", source=source, file_changes=changes, config_sha256=outcome.sha256)
             self.supervisor.recheck_waiting(now)  # the file is the same; the world may not be
             answer: dict[str, Any] = {"ok": True, "unchanged": True, "config_sha256": outcome.sha256}
         elif isinstance(outcome, Invalid):
             answer = self._rejected(outcome, source, changes)
         else:
-            answer = self._apply(outcome, source, now)
+            answer = self._apply(outcome, source, now, changes)
         for waiting in replies:
             waiting.send(answer)
 
@@ -303,7 +303,7 @@ class Daemon:
         self.changes.bump()
         return {"ok": False, "errors": outcome.lines, "kept_config_sha256": kept}
 
-    def _apply(self, outcome: Valid, source: str, now: float) -> dict[str, Any]:
+    def _apply(self, outcome: Valid, source: str, now: float, changes: int = 0) -> dict[str, Any]:
         from veloxd.config.model import Config
         from veloxd.config.plan import diff
 
@@ -315,6 +315,7 @@ class Daemon:
         self.log.info(
             event,
             source=source,
+            file_changes=changes,
             config_path=str(self.source.path),
             config_sha256=new.sha256,
             servers=list(new.servers),
