@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import resource
 import signal
 import socket
 import subprocess
@@ -87,6 +88,30 @@ def test_state_dir_lock_admits_one_daemon(tmp_path: Path) -> None:
         acquire_lock(tmp_path)
     first.close()
     acquire_lock(tmp_path).close()
+
+
+def test_state_dir_lock_is_held_when_the_pid_cannot_be_written(tmp_path: Path) -> None:
+    """Writing the pid fails (a full disk; here a file-size limit of 0 bytes, EFBIG): the lock is
+    still taken, and a second daemon is refused without a pid to name, not with a traceback."""
+    limits = resource.getrlimit(resource.RLIMIT_FSIZE)
+    on_excess = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the write fails instead of killing us
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, limits[1]))
+        first = acquire_lock(tmp_path)
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, limits)
+        signal.signal(signal.SIGXFSZ, on_excess)
+    try:
+        assert (tmp_path / "daemon.lock").read_text() == ""  # the write really failed
+        with pytest.raises(AlreadyRunning, match="unknown pid"):
+            acquire_lock(tmp_path)
+    finally:
+        first.close()
+
+
+def test_a_state_path_that_is_a_directory_reads_as_no_state(tmp_path: Path) -> None:
+    (tmp_path / "state.json").mkdir()
+    assert read_state(tmp_path) is None
 
 
 def test_process_identity_needs_pid_and_start_time() -> None:

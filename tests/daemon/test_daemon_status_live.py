@@ -2,8 +2,9 @@
 
 The state directory becomes read-only (root: a read-only bind mount; others: mode 0555), a worker
 is killed and restarted: the file keeps the dead pid, but `status` asks the daemon over its
-control socket and shows the new one, saying the file cannot be written. Real daemon, stand-in
-workers.
+control socket and shows the new one, saying the file cannot be written. A daemon whose state
+file was never written (started on a full disk) is asked too, not reported as never run. Real
+daemon, stand-in workers.
 """
 
 from __future__ import annotations
@@ -65,5 +66,32 @@ def test_status_shows_the_live_pid_while_the_state_file_cannot_be_written(tmp_pa
         wait_for(lambda: h.server("alpha")["pid"] == ready["pid"], 60, "the state file written again")
         wait_for(lambda: not h.state()["daemon"]["state_write_error"], 60, "the error cleared in the file")
         assert "state file: cannot be written" not in h.cli("status").stdout
+    finally:
+        h.cleanup()
+
+
+def test_status_asks_a_running_daemon_that_has_no_state_file(tmp_path: Path) -> None:
+    """A daemon started on a full disk never writes its state file; `status` still finds it through
+    its control socket (stood in for here by a directory where the file should be: every write fails)."""
+    h = DaemonHarness(tmp_path)
+    h.write({"alpha": entry(free_port())})
+    try:
+        h.start()
+        h.wait_states({"alpha": "ready"})
+        old = h.server("alpha")["pid"]
+        state_file = h.state_dir / "state.json"
+        state_file.unlink()
+        state_file.mkdir()
+        (state_file / "keep").write_text("a directory, not a file: os.replace onto it fails")
+        mark = h.mark()
+        os.kill(old, signal.SIGKILL)
+        h.wait_event("state_write_failed", after=mark, timeout=60)
+        ready = h.wait_event("server_ready", after=mark, server="alpha")
+        status = h.cli("status")
+        assert "no state file" not in status.stderr, status.stderr
+        row = next(line.split() for line in status.stdout.splitlines() if line.startswith("alpha "))
+        assert row[1] == "ready" and row[2] == str(ready["pid"]), status.stdout
+        assert "state file: cannot be written (" in status.stdout and status.returncode == 0
+        assert json.loads(h.cli("status", "--json").stdout)["servers"]["alpha"]["pid"] == ready["pid"]
     finally:
         h.cleanup()

@@ -156,17 +156,23 @@ def status(args: argparse.Namespace) -> int:
 
 
 def _live_state(state_dir: Path, state: dict | None) -> dict | None:
-    """The running daemon's own view, through its control socket: its state file may be stale (a full
-    disk or a read-only directory stops the writes, not the daemon). The file when no daemon answers."""
-    from veloxd.daemon.control import DaemonUnreachable, request
+    """The running daemon's own view, through its control socket: its state file may be stale or
+    missing (a full disk or a read-only directory stops the writes, not the daemon; one started on a
+    full disk never wrote it). The file when no daemon answers."""
+    from veloxd.daemon.control import DaemonUnreachable, request, socket_path
     from veloxd.daemon.views import daemon_alive
 
-    if state is None or not daemon_alive(state):
+    if state is None:
+        path = socket_path(state_dir)
+        if path is None or not path.exists():
+            return None
+    elif not daemon_alive(state):
         return state
     try:
         answer = request(state_dir, {"command": "status"}, timeout=STATUS_TIMEOUT_S)
     except (DaemonUnreachable, OSError, ValueError) as err:
-        print(f"veloxd status: the daemon did not answer ({err}); showing its state file", file=sys.stderr)
+        if state is not None:
+            print(f"veloxd status: the daemon did not answer ({err}); showing its state file", file=sys.stderr)
         return state
     live = answer.get("state") if answer.get("ok") else None
     return live if isinstance(live, dict) else state

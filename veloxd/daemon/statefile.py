@@ -80,7 +80,7 @@ def read_state(state_dir: Path) -> dict[str, Any] | None:
     """The last state the daemon wrote, or None when there is none (or it is unreadable)."""
     try:
         text = state_path(state_dir).read_text(encoding="utf-8")
-    except (FileNotFoundError, NotADirectoryError, PermissionError):
+    except OSError:  # missing, not a file, not readable
         return None
     try:
         data = json.loads(text)
@@ -110,11 +110,16 @@ def acquire_lock(state_dir: Path) -> IO[str]:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.seek(0)
-        holder = handle.read().strip() or "unknown pid"
+        holder = handle.read(32).strip() or "unknown pid"  # a pid: bounded, whatever the file holds
         handle.close()
         raise AlreadyRunning(f"another veloxd daemon (pid {holder}) is running with state dir {state_dir}") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(str(os.getpid()))
-    handle.flush()
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+    except OSError:
+        # A full disk: the lock is held all the same. The pid only names the holder to a second
+        # daemon ("unknown pid" without it); the state writer reports the disk itself.
+        pass
     return handle
