@@ -1,5 +1,5 @@
 """Fixtures of the daemon tests: daemons a test starts (each in its own directory, all ended after),
-and the in-process Supervisor over the recording spawner of test_supervisor_inprocess.py."""
+and the in-process Supervisor over the recording spawner of tests/fixtures/fake_spawner.py."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests.fixtures.daemon_harness import DaemonHarness
 from veloxd.daemon.supervisor import Supervisor
 
 if TYPE_CHECKING:
-    from tests.daemon.test_supervisor_inprocess import FakeSpawner
+    from tests.fixtures.fake_spawner import FakeSpawner
 
 
 class StartedDaemon(DaemonHarness):
@@ -68,7 +68,7 @@ def events() -> Iterator[list[EventDict]]:
 @pytest.fixture
 def spawner() -> FakeSpawner:
     """The recording stand-in for the daemon's process layer (a FakeSpawner)."""
-    from tests.daemon.test_supervisor_inprocess import FakeSpawner
+    from tests.fixtures.fake_spawner import FakeSpawner
 
     return FakeSpawner()
 

@@ -2,7 +2,7 @@
 shows moves it, and a step that changes nothing leaves it (so nothing is rebuilt or rewritten).
 
 The real Supervisor and ServerProcess on a fake clock, with the recording spawner of
-tests/daemon/test_supervisor_inprocess.py; after each step the snapshot (the file's `servers`)
+tests/fixtures/fake_spawner.py; after each step the snapshot (the file's `servers`)
 is compared with the one before.
 """
 
@@ -13,7 +13,7 @@ from typing import Any
 
 import structlog
 
-from tests.daemon.test_supervisor_inprocess import FakeSpawner, config_of, make_entry, ready_line, state_of
+from tests.fixtures.fake_spawner import FakeSpawner, config_of, make_entry, ready_line, state_of
 from tests.support import free_port
 from veloxd.config.plan import diff
 from veloxd.daemon import messages as m

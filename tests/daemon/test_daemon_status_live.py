@@ -13,6 +13,7 @@ import json
 import os
 import signal
 import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -39,59 +40,58 @@ def make_writable(directory: Path) -> None:
     directory.chmod(0o700)
 
 
-def test_status_shows_the_live_pid_while_the_state_file_cannot_be_written(tmp_path: Path) -> None:
-    h = DaemonHarness(tmp_path)
-    h.write({"alpha": entry(free_port())})
+@pytest.fixture
+def h(tmp_path: Path) -> Iterator[DaemonHarness]:
+    """A real daemon with one stand-in server, `alpha`, ready."""
+    harness = DaemonHarness(tmp_path)
+    harness.write({"alpha": entry(free_port())})
     try:
-        h.start()
-        h.wait_states({"alpha": "ready"})
-        old = h.server("alpha")["pid"]
-        error = make_read_only(h.state_dir)
-        try:
-            mark = h.mark()
-            os.kill(old, signal.SIGKILL)
-            failed = h.wait_event("state_write_failed", after=mark, timeout=60)
-            assert error in failed["error"]
-            ready = h.wait_event("server_ready", after=mark, server="alpha")
-            assert h.server("alpha")["pid"] == old  # the file is stale
-            status = h.cli("status")
-            row = next(line.split() for line in status.stdout.splitlines() if line.startswith("alpha "))
-            assert row[1] == "ready" and row[2] == str(ready["pid"]) and row[6] == "1", status.stdout
-            assert "state file: cannot be written (" in status.stdout and error in status.stdout
-            assert status.returncode == 0
-            shown = json.loads(h.cli("status", "--json").stdout)
-            assert shown["servers"]["alpha"]["pid"] == ready["pid"]
-        finally:
-            make_writable(h.state_dir)
-        wait_for(lambda: h.server("alpha")["pid"] == ready["pid"], 60, "the state file written again")
-        wait_for(lambda: not h.state()["daemon"]["state_write_error"], 60, "the error cleared in the file")
-        assert "state file: cannot be written" not in h.cli("status").stdout
+        harness.start()
+        harness.wait_states({"alpha": "ready"})
+        yield harness
     finally:
-        h.cleanup()
+        harness.cleanup()
 
 
-def test_status_asks_a_running_daemon_that_has_no_state_file(tmp_path: Path) -> None:
-    """A daemon started on a full disk never writes its state file; `status` still finds it through
-    its control socket (stood in for here by a directory where the file should be: every write fails)."""
-    h = DaemonHarness(tmp_path)
-    h.write({"alpha": entry(free_port())})
+def test_status_shows_the_live_pid_while_the_state_file_cannot_be_written(h: DaemonHarness) -> None:
+    old = h.server("alpha")["pid"]
+    error = make_read_only(h.state_dir)
     try:
-        h.start()
-        h.wait_states({"alpha": "ready"})
-        old = h.server("alpha")["pid"]
-        state_file = h.state_dir / "state.json"
-        state_file.unlink()
-        state_file.mkdir()
-        (state_file / "keep").write_text("a directory, not a file: os.replace onto it fails")
         mark = h.mark()
         os.kill(old, signal.SIGKILL)
-        h.wait_event("state_write_failed", after=mark, timeout=60)
+        failed = h.wait_event("state_write_failed", after=mark, timeout=60)
+        assert error in failed["error"]
         ready = h.wait_event("server_ready", after=mark, server="alpha")
+        assert h.server("alpha")["pid"] == old  # the file is stale
         status = h.cli("status")
-        assert "no state file" not in status.stderr, status.stderr
         row = next(line.split() for line in status.stdout.splitlines() if line.startswith("alpha "))
-        assert row[1] == "ready" and row[2] == str(ready["pid"]), status.stdout
-        assert "state file: cannot be written (" in status.stdout and status.returncode == 0
-        assert json.loads(h.cli("status", "--json").stdout)["servers"]["alpha"]["pid"] == ready["pid"]
+        assert row[1] == "ready" and row[2] == str(ready["pid"]) and row[6] == "1", status.stdout
+        assert "state file: cannot be written (" in status.stdout and error in status.stdout
+        assert status.returncode == 0
+        shown = json.loads(h.cli("status", "--json").stdout)
+        assert shown["servers"]["alpha"]["pid"] == ready["pid"]
     finally:
-        h.cleanup()
+        make_writable(h.state_dir)
+    wait_for(lambda: h.server("alpha")["pid"] == ready["pid"], 60, "the state file written again")
+    wait_for(lambda: not h.state()["daemon"]["state_write_error"], 60, "the error cleared in the file")
+    assert "state file: cannot be written" not in h.cli("status").stdout
+
+
+def test_status_asks_a_running_daemon_that_has_no_state_file(h: DaemonHarness) -> None:
+    """A daemon started on a full disk never writes its state file; `status` still finds it through
+    its control socket (stood in for here by a directory where the file should be: every write fails)."""
+    old = h.server("alpha")["pid"]
+    state_file = h.state_dir / "state.json"
+    state_file.unlink()
+    state_file.mkdir()
+    (state_file / "keep").write_text("a directory, not a file: os.replace onto it fails")
+    mark = h.mark()
+    os.kill(old, signal.SIGKILL)
+    h.wait_event("state_write_failed", after=mark, timeout=60)
+    ready = h.wait_event("server_ready", after=mark, server="alpha")
+    status = h.cli("status")
+    assert "no state file" not in status.stderr, status.stderr
+    row = next(line.split() for line in status.stdout.splitlines() if line.startswith("alpha "))
+    assert row[1] == "ready" and row[2] == str(ready["pid"]), status.stdout
+    assert "state file: cannot be written (" in status.stdout and status.returncode == 0
+    assert json.loads(h.cli("status", "--json").stdout)["servers"]["alpha"]["pid"] == ready["pid"]

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from tests.daemon.test_supervisor_inprocess import state_of
+from tests.fixtures.fake_spawner import state_of
 from veloxd.config import RestartPolicy
 from veloxd.config.world import Condition
 from veloxd.daemon.process import Child

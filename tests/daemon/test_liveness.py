@@ -2,7 +2,7 @@
 after stop_timeout_s, then a restart with backoff as after a crash.
 
 The decisions (veloxd.daemon.liveness) are tested alone, then through the real Supervisor and
-ServerProcess with the recording spawner and a fake clock of tests/daemon/test_supervisor_inprocess.py:
+ServerProcess with the recording spawner and a fake clock of tests/fixtures/fake_spawner.py:
 the spawner's check_health only records the probe; the test reports each outcome as the loop would.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from structlog.typing import EventDict
 
-from tests.daemon.test_supervisor_inprocess import FakeSpawner, bring_up, config_of, make_entry, names_of, state_of
+from tests.fixtures.fake_spawner import FakeSpawner, bring_up, config_of, make_entry, names_of, state_of
 from tests.support import free_port
 from veloxd.config.plan import diff
 from veloxd.config.sections import Health

@@ -1,8 +1,8 @@
 """The supervisor and each server's state machine, in process, with a fake clock and a fake spawner.
 
-The spawner is the daemon's own seam (veloxd.daemon.server.Spawner): a recording stand-in replaces
-the process layer, while everything above it (ServerProcess, Supervisor, the plan, the restart
-policy) is the real code. Time is a number the test advances, so backoff, ready and stop timeouts
+The spawner is the daemon's own seam (veloxd.daemon.spawner.Spawner): a recording stand-in
+(tests/fixtures/fake_spawner.py) replaces the process layer, while everything above it
+(ServerProcess, Supervisor, the plan, the restart policy) is the real code. Time is a number the test advances, so backoff, ready and stop timeouts
 are exercised in microseconds and exactly.
 """
 
@@ -10,147 +10,32 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from structlog.typing import EventDict
 
-from tests.fixtures.daemon_harness import FAKE_MODEL
+from tests.fixtures.fake_spawner import (
+    FakeSpawner,
+    S,
+    bring_up,
+    busy_now,
+    config_of,
+    make_entry,
+    names_of,
+    ready_line,
+    start_and_exit_with_code_2,
+    state_of,
+)
 from tests.support import free_port
 from veloxd import protocol
-from veloxd.config import Config
-from veloxd.config.model import ServerEntry
 from veloxd.config.plan import diff
 from veloxd.config.sections import Dashboard
 from veloxd.daemon import messages as m
-from veloxd.daemon.process import Child, process_start_time
-from veloxd.daemon.server import ServerProcess
+from veloxd.daemon.process import process_start_time
 from veloxd.daemon.sidecar import NAME as DASHBOARD
 from veloxd.daemon.sidecar import DashboardSidecar, dashboard_snapshot
-from veloxd.daemon.state import ServerState
-from veloxd.daemon.supervised import Supervised
 from veloxd.daemon.supervisor import Supervisor
 from veloxd.daemon.views import status_code
-
-S = ServerState
-RESTART = {"max_failures": 3, "window_s": 600, "backoff_initial_s": 1.0, "backoff_max_s": 4.0}
-
-
-@dataclass
-class FakeChild(Child):
-    """What ServerProcess reads of a worker: argv, pid, returncode, signals, last lines.
-
-    A Child as the Spawner protocol promises, with no process behind it: the dataclass's own
-    __init__ replaces Child's (which spawns one), and the methods ServerProcess calls are recorded.
-    """
-
-    argv: list[str]
-    pid: int
-    returncode: int | None = None
-    signals: list[int] = field(default_factory=list)
-    pgid: int = 0
-    start_time: str | None = None
-
-    def signal_group(self, signum: int) -> bool:
-        self.signals.append(signum)
-        return self.returncode is None
-
-    def release_output(self) -> None:
-        pass  # no output to hold
-
-    def last_lines(self) -> dict[str, list[str]]:
-        return {"stdout": [], "stderr": [f"worker {self.pid} said goodbye"]}
-
-
-class FakeSpawner:
-    """Records every spawn and health probe; the test decides what the 'worker' reports."""
-
-    def __init__(self) -> None:
-        self.children: list[tuple[str, int, FakeChild]] = []
-        self.probes: list[tuple[str, int]] = []
-        self.checks: list[tuple[str, int, int, float]] = []  # liveness probes: name, spawn id, sequence, timeout
-
-    def spawn(self, name: str, spawn_id: int, entry: Supervised) -> FakeChild:
-        child = FakeChild(argv=["veloxd", "serve", *entry.serve_argv()], pid=1000 + len(self.children))
-        self.children.append((name, spawn_id, child))
-        return child
-
-    def spawn_download(self, name: str, spawn_id: int, entry: Supervised) -> FakeChild:
-        child = FakeChild(
-            argv=["veloxd", "pull", "--progress-json", "--model", entry.model], pid=1000 + len(self.children)
-        )
-        self.children.append((name, spawn_id, child))
-        return child
-
-    def probe_health(self, name: str, spawn_id: int, host: str, port: int, deadline: float) -> threading.Event:
-        self.probes.append((name, spawn_id))
-        return threading.Event()
-
-    def check_health(self, name: str, spawn_id: int, sequence: int, host: str, port: int, timeout: float) -> None:
-        self.checks.append((name, spawn_id, sequence, timeout))
-
-    def latest(self, name: str) -> tuple[int, FakeChild]:
-        spawn_id, child = next((s, c) for n, s, c in reversed(self.children) if n == name)
-        return spawn_id, child
-
-
-def make_entry(name: str, port: int, **extra: Any) -> ServerEntry:
-    data = {
-        "model": FAKE_MODEL,
-        "port": port,
-        "method": "fp16",
-        "ready_timeout_s": 30,
-        "stop_timeout_s": 5,
-        "restart": dict(RESTART),
-        **extra,
-    }
-    return ServerEntry.from_dict(name, data)
-
-
-def config_of(*entries: ServerEntry) -> Config:
-    return Config(version=1, servers={e.name: e for e in entries}, source="<test>", sha256="0" * 64)
-
-
-def ready_line(sup: Supervisor, name: str) -> dict[str, Any]:
-    """A READY payload echoing the entry's KV config, as veloxd.protocol requires."""
-    kv = sup.servers[name].entry.kv
-    assert kv is not None, f"{name} has no KV config to echo"
-    return {"method": kv.method, "config": kv.applied()}
-
-
-def bring_up(sup: Supervisor, spawner: FakeSpawner, name: str, now: float) -> FakeChild:
-    """Report READY line and health for the latest spawn of `name`."""
-    spawn_id, child = spawner.latest(name)
-    sup.on_message(m.ReadyLine(name, spawn_id, ready_line(sup, name)), now)
-    sup.on_message(m.Healthy(name, spawn_id), now)
-    return child
-
-
-def start_and_exit_with_code_2(sup: Supervisor, spawner: FakeSpawner, entry: ServerEntry) -> FakeChild:
-    """Start `entry` at t=0; its worker exits with code 2 (invalid input) at t=1."""
-    sup.apply(diff(None, config_of(entry)), {entry.name: entry}, now=0.0)
-    spawn_id, child = spawner.latest(entry.name)
-    child.returncode = 2
-    sup.on_message(m.ChildExited(entry.name, spawn_id, 2), 1.0)
-    return child
-
-
-def names_of(events: Sequence[Mapping[str, Any]], event: str) -> list[str]:
-    return [e.get("server", "") for e in events if e["event"] == event]
-
-
-def state_of(server: ServerProcess) -> ServerState:
-    """The server's state now, read through a call: mypy keeps `server.state` narrowed by an earlier
-    `assert server.state is ...` across the calls that change it, and would call the next check impossible."""
-    return server.state
-
-
-def busy_now(sup: Supervisor) -> bool:
-    """`sup.busy` now, read through a call for the same reason as state_of."""
-    return sup.busy
 
 
 def test_start_ready_after_ready_line_and_health(

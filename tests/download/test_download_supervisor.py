@@ -9,7 +9,7 @@ from typing import Any
 
 import structlog
 
-from tests.daemon.test_supervisor_inprocess import FakeSpawner, config_of, make_entry
+from tests.fixtures.fake_spawner import FakeSpawner, config_of, make_entry
 from tests.support import free_port
 from veloxd.config.plan import diff
 from veloxd.daemon import messages as m
