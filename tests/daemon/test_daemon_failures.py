@@ -56,9 +56,17 @@ def test_killed_worker_backs_off_then_goes_fatal_after_the_limit(start_daemon: S
     """kill -9 three times (max_failures=3): BACKOFF with growing delays, then FATAL, no more starts."""
     daemon = start_daemon(named("crashy"))
     delays: list[float] = []
+    killed: list[int] = []
     for attempt in (1, 2, 3):
-        servers = daemon.wait_states({"crashy": "ready"})
-        pid = servers["crashy"]["pid"]
+        # The state file is written after the loop pass that logged the exit: until then it still
+        # shows the killed worker as ready, so wait for a worker that was not killed yet.
+        server = wait_for(
+            lambda: (s := daemon.server("crashy")).get("state") == "ready" and s.get("pid") not in killed and s,
+            DEADLINE_S,
+            "crashy ready with a new worker",
+        )
+        pid = server["pid"]
+        killed.append(pid)
         mark = daemon.mark()
         os.kill(pid, signal.SIGKILL)
         exited = daemon.wait_event("server_exited", after=mark, server="crashy")
