@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import mlx.core as mx
+from mlx.utils import tree_map
 from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache
 
@@ -62,14 +63,58 @@ def batched(
 
 def assert_batched_decode_equals_single(model: Any, config: KVCacheConfig) -> None:
     """Three requests of different lengths (padding, filter, extend) batched by mlx_lm decode as each alone,
-    in `config`'s own batch class in every layer (never mlx_lm's fp16 BatchKVCache)."""
+    in `config`'s own batch class in every layer (never mlx_lm's fp16 BatchKVCache).
+
+    A batch computes its projections with other matrix shapes than a single request, so its keys
+    differ from the single run's in the last float bits; a policy that ranks tokens may then evict
+    the other one of two near-equal candidates, and the runs part from that step on. The random
+    model repeats one token greedily, so ties are common (knorm: a repeated token's layer-0 keys
+    have equal norms up to RoPE's rounding). A parting is let through only where the single run
+    itself parts, by that step, under noise of that size (`parts_under_noise`); every step before
+    the parting must match."""
     prompts = [prompt(n, 10 + n) for n in (70, 33, 55)]
     max_tokens = [30, 12, 20]
     got, kinds = batched(model, config, prompts, max_tokens)
     assert kinds == {type(make_caches(model, config)[0]).batch_class.__name__}
     for tokens, n, batch_logprobs in zip(prompts, max_tokens, got):
         _, single = decode(model, tokens, make_caches(model, config), n, prefill_step_size=32)
-        assert max_diff(batch_logprobs, single) < 1e-4
+        step = first_parting(batch_logprobs, single)
+        if step is not None:
+            assert parts_under_noise(model, config, tokens, single, step), (
+                f"{len(tokens)}-token request: batched and single part at step {step} of {n}, "
+                "and no rounding-sized perturbation of the weights makes the single run part by then"
+            )
+
+
+def first_parting(a: mx.array, b: mx.array, tolerance: float = 1e-4) -> int | None:
+    """The first step (row) where two log-probability sequences [steps, vocab] differ by more than `tolerance`."""
+    apart = [bool(x) for x in mx.abs(a - b).max(axis=-1) >= tolerance]
+    return apart.index(True) if True in apart else None
+
+
+def parts_under_noise(
+    model: Any, config: KVCacheConfig, tokens: list[int], single: mx.array, step: int, trials: int = 8
+) -> bool:
+    """Whether perturbing every weight by a few float32 roundings (relative 1e-7, the size of
+    batching's differences) makes the single run part from itself at or before `step` in one of
+    `trials` draws: a near tie decided by rounding by then."""
+    weights = model.parameters()
+    try:
+        for seed in range(trials):
+            key = mx.random.key(seed)
+
+            def jitter(w: mx.array, key: mx.array = key) -> mx.array:  # bound now: B023
+                if not mx.issubdtype(w.dtype, mx.floating):
+                    return w
+                return w * (1 + 1e-7 * mx.random.normal(w.shape, dtype=w.dtype, key=key))
+
+            model.update(tree_map(jitter, weights))
+            _, noisy = decode(model, tokens, make_caches(model, config), step + 1, prefill_step_size=32)
+            if first_parting(noisy, single[: step + 1]) is not None:
+                return True
+        return False
+    finally:
+        model.update(weights)  # arrays are immutable: this is the model exactly as it was
 
 
 def assert_budget_holds(model: Any, cache: list[Any], method: str, steps: int) -> None:
