@@ -3,7 +3,9 @@
 Starts `veloxd run` in the foreground with its log and state under .cache/, waits until the
 gateway and every `start: always` server are READY (on-demand ones stopped, waiting for their
 first request), prints a curl line per entry and an openai example against the gateway, each
-naming its entry as "model", and forwards Ctrl-C / SIGTERM.
+naming its entry as "model", and forwards Ctrl-C / SIGTERM. A closed terminal (SIGHUP) ends
+the demo too: the daemon is told to stop, not left running on the demo's ports (to the daemon
+itself SIGHUP means reload); under nohup, where SIGHUP is ignored, the demo keeps running.
 """
 
 from __future__ import annotations
@@ -100,9 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m veloxd.demo")
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "veloxd.yaml")
     parser.add_argument("--ready-timeout", type=float, default=300)
+    parser.add_argument("--cache-dir", type=Path, default=REPO / ".cache", help="the daemon's log and state")
     args = parser.parse_args(argv)
-    cache = REPO / ".cache"
-    cache.mkdir(exist_ok=True)
+    cache = args.cache_dir
+    cache.mkdir(parents=True, exist_ok=True)
     state_dir = cache / "state"
     command = [
         sys.executable,
@@ -120,11 +123,13 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.Popen(command)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda s, _f: proc.send_signal(s))
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # ignored: started under nohup
+        signal.signal(signal.SIGHUP, lambda _s, _f: proc.send_signal(signal.SIGTERM))
     state = wait_ready(proc, state_dir, args.ready_timeout)
     if state is not None:
         print(ready_text(state, state_dir), flush=True)
     elif proc.poll() is None:
-        print("veloxd demo: servers are not all ready yet; see .cache/veloxd.jsonl", flush=True)
+        print(f"veloxd demo: servers are not all ready yet; see {cache / 'veloxd.jsonl'}", flush=True)
     return proc.wait()
 
 
