@@ -31,15 +31,11 @@ def start_demo(tmp_path: Path, ignore_hangup: bool = False) -> tuple[subprocess.
     cache = tmp_path / "cache"
     argv = [sys.executable, "-m", "veloxd.demo", "--config", str(config), "--cache-dir", str(cache)]
 
-    def as_under_nohup() -> None:
-        signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    def hangup_disposition() -> None:  # set either way: the test runner itself may run under nohup
+        signal.signal(signal.SIGHUP, signal.SIG_IGN if ignore_hangup else signal.SIG_DFL)
 
     proc = subprocess.Popen(
-        argv,
-        cwd=REPO,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        preexec_fn=as_under_nohup if ignore_hangup else None,
+        argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=hangup_disposition
     )
     return proc, cache / "veloxd.jsonl"
 
