@@ -5,13 +5,15 @@ gateway and every `start: always` server are READY (on-demand ones stopped, wait
 first request), prints a curl line per entry and an openai example against the gateway, each
 naming its entry as "model", and forwards Ctrl-C / SIGTERM. A closed terminal (SIGHUP) ends
 the demo too: the daemon is told to stop, not left running on the demo's ports (to the daemon
-itself SIGHUP means reload); under nohup, where SIGHUP is ignored, the demo keeps running.
+itself SIGHUP means reload); under nohup, where SIGHUP is ignored, the demo keeps running. A demo
+killed outright (SIGKILL) takes the daemon along through `--lifeline-fd`.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -120,7 +122,11 @@ def main(argv: list[str] | None = None) -> int:
         str(state_dir),
     ]
     print("veloxd demo: " + " ".join(command[1:]), flush=True)
-    proc = subprocess.Popen(command)
+    # The daemon's lifeline: only this process holds the write end, so however the demo dies (even
+    # SIGKILL) the daemon sees EOF and stops, instead of staying on the demo's ports.
+    lifeline, keep = os.pipe()
+    proc = subprocess.Popen([*command, "--lifeline-fd", str(lifeline)], pass_fds=(lifeline,))
+    os.close(lifeline)
     for signum in (signal.SIGINT, signal.SIGTERM):
         signal.signal(signum, lambda s, _f: proc.send_signal(s))
     if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:  # ignored: started under nohup
@@ -130,7 +136,9 @@ def main(argv: list[str] | None = None) -> int:
         print(ready_text(state, state_dir), flush=True)
     elif proc.poll() is None:
         print(f"veloxd demo: servers are not all ready yet; see {cache / 'veloxd.jsonl'}", flush=True)
-    return proc.wait()
+    code = proc.wait()
+    os.close(keep)
+    return code
 
 
 if __name__ == "__main__":

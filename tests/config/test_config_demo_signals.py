@@ -1,5 +1,6 @@
 """`make run`'s demo and the signals of a terminal: Ctrl-C stops the daemon, and so does closing
-the terminal (SIGHUP), which the daemon alone would take as a reload and outlive the demo.
+the terminal (SIGHUP), which the daemon alone would take as a reload and outlive the demo, and
+so does a demo killed outright (SIGKILL), through the daemon's lifeline.
 
 The demo runs as `make run` runs it (python -m veloxd.demo), with its log and state in a temporary
 directory and one entry whose model directory does not exist yet: the daemon starts and waits,
@@ -87,5 +88,21 @@ def test_under_nohup_the_demo_outlives_a_hangup_and_stops_on_ctrl_c(tmp_path: Pa
         assert demo.wait(DEADLINE_S) == 0
         assert wait_record(log, "daemon_stopping")["signal"] == "SIGINT"  # the hangup stopped nothing
         wait_gone([daemon], DEADLINE_S)
+    finally:
+        stop(demo, daemon)
+
+
+def test_a_killed_demo_takes_its_daemon_along(tmp_path: Path) -> None:
+    demo, log = start_demo(tmp_path)
+    daemon = None
+    try:
+        daemon = wait_record(log, "daemon_started")["pid"]
+        wait_record(log, "server_waiting", server="lonely")
+        demo.kill()  # no handler runs: only the kernel closing the demo's end of the lifeline tells the daemon
+        demo.wait(DEADLINE_S)
+        wait_record(log, "daemon_wrapper_gone")
+        assert wait_record(log, "daemon_stopping")["cause"] == "wrapper_gone"
+        wait_gone([daemon], DEADLINE_S)
+        assert wait_record(log, "daemon_stopped")["pid"] == daemon
     finally:
         stop(demo, daemon)

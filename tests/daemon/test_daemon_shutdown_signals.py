@@ -1,4 +1,5 @@
-"""Ctrl-C under a wrapper that forwards it (`make run`) is one request to stop, not two.
+"""Ctrl-C under a wrapper that forwards it (`make run`) is one request to stop, not two; a wrapper
+that dies without a word (its lifeline closes) stops the daemon as SIGTERM would.
 
 The terminal's SIGINT reaches the whole foreground group, daemon included, and the demo forwards
 its own copy: the daemon merges signals closer together than REPEAT_WINDOW_S, so its workers get
@@ -75,4 +76,31 @@ def test_a_second_ctrl_c_pressed_later_kills_at_once(tmp_path: Path) -> None:
         forced = h.events("daemon_kill_forced", signal="SIGINT")
         assert len(forced) == 1 and forced[0]["since_first_s"] >= REPEAT_WINDOW_S, forced
     finally:
+        h.cleanup()
+
+
+def test_a_closed_lifeline_stops_every_server_and_the_daemon(tmp_path: Path) -> None:
+    """What a SIGKILLed wrapper leaves: the write end of --lifeline-fd closed by the kernel."""
+    h = DaemonHarness(tmp_path)
+    h.write({"alpha": entry(free_port()), "beta": entry(free_port())})
+    read_end, write_end = os.pipe()
+    try:
+        h.start("--lifeline-fd", str(read_end), pass_fds=(read_end,))
+        os.close(read_end)
+        h.wait_states({"alpha": "ready", "beta": "ready"})
+        assert h.proc is not None
+        os.write(write_end, b"ignored")  # bytes are not EOF: the daemon keeps running
+        os.close(write_end)
+        write_end = -1
+        assert h.proc.wait(60) == 0
+        gone = h.events("daemon_wrapper_gone")
+        assert len(gone) == 1 and gone[0]["lifeline_fd"] == read_end, gone
+        [stopping] = h.events("daemon_stopping")
+        assert stopping["cause"] == "wrapper_gone" and stopping["signal"] is None, stopping
+        stopped = h.events("server_stopped")
+        assert {r["server"] for r in stopped} == {"alpha", "beta"}
+        assert all(r["killed"] is False for r in stopped), stopped  # a graceful stop, as on SIGTERM
+    finally:
+        if write_end >= 0:
+            os.close(write_end)
         h.cleanup()

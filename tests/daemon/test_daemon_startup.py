@@ -46,6 +46,28 @@ def test_state_dir_under_a_file_is_one_line_naming_it(tmp_path: Path) -> None:
     assert f"state directory {h.state_dir} is not usable (Not a directory)" in line
 
 
+@pytest.mark.parametrize("what", ["closed", "regular file"])
+def test_a_lifeline_fd_that_is_not_a_pipe_is_one_line_naming_it(tmp_path: Path, what: str) -> None:
+    h = DaemonHarness(tmp_path)
+    h.write({})
+    with open(tmp_path / "not-a-pipe", "w") as held:
+        fd = held.fileno() if what == "regular file" else 1000  # nothing is open at 1000 in the child
+        argv = veloxd_cmd(
+            "run", "--config", str(h.config), "--log-file", str(h.log_file), "--state-dir", str(h.state_dir)
+        )
+        done = subprocess.run(
+            [*argv, "--lifeline-fd", str(fd)],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            cwd=REPO,
+            pass_fds=(fd,) if what == "regular file" else (),
+        )
+    line = one_line_error(done)
+    assert line.startswith(f"veloxd run: error: --lifeline-fd {fd}: "), line
+    assert ("not an open descriptor" if what == "closed" else "not a pipe or socket") in line, line
+
+
 def test_something_at_the_socket_path_is_one_line_naming_it(tmp_path: Path) -> None:
     """Anything already at the socket's name used to stop the start with IsADirectoryError."""
     h = DaemonHarness(tmp_path)

@@ -55,6 +55,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     state_dir_arg(p)
     p.add_argument(
+        "--lifeline-fd",
+        type=int,
+        metavar="FD",
+        help="stop every server and exit once this inherited descriptor (a pipe's read end) reaches EOF: "
+        "for a wrapper that runs the daemon as its child, so the daemon does not outlive it (make run's "
+        "demo passes one)",
+    )
+    p.add_argument(
         "--worker-command",
         metavar="CMD",
         help="command that replaces `python -m veloxd serve` for every worker (split like a shell; the "
@@ -126,7 +134,7 @@ def run(args: argparse.Namespace) -> int:
         lock.close()
         return 1
     try:
-        return Daemon(RunOptions(config, log_file, state_dir, worker)).run()
+        return Daemon(RunOptions(config, log_file, state_dir, worker, args.lifeline_fd)).run()
     except StartupError as err:
         print(f"veloxd run: error: {err}", file=sys.stderr)
         return 1

@@ -33,6 +33,7 @@ from veloxd.daemon.statefile import SCHEMA_VERSION, Changes, read_state
 from veloxd.daemon.statewriter import LogFacts, StateWriter, log_facts
 from veloxd.daemon.supervisor import Supervisor
 from veloxd.daemon.watch import Debounce, Watcher, stat_signature
+from veloxd.daemon.wrapper import check_lifeline_fd, watch_wrapper
 
 POLL_S = 2.0  # backstop stat poll of the config (missed FSEvents, vanished directories)
 DEBOUNCE_QUIET_S = 0.2
@@ -45,6 +46,7 @@ class RunOptions:
     log_file: Path | None
     state_dir: Path
     worker_command: list[str] = field(default_factory=list)
+    lifeline_fd: int | None = None  # stop when it reaches EOF (veloxd.daemon.wrapper)
 
 
 class Daemon:
@@ -75,6 +77,8 @@ class Daemon:
     # ---- lifecycle ------------------------------------------------------------------------
     def run(self) -> int:
         options = self.options
+        if options.lifeline_fd is not None:
+            check_lifeline_fd(options.lifeline_fd)  # StartupError: one line, exit 1
         previous = read_state(options.state_dir)
         self.control = ControlServer(options.state_dir, self.inbox)  # StartupError: one line, exit 1
         recorded = ((previous or {}).get("daemon") or {}).get("control_socket")
@@ -98,6 +102,8 @@ class Daemon:
         self.dashboard = DashboardSidecar(self.supervisor, options.state_dir)
         self.watcher = Watcher(options.config_path, self.inbox)
         self._install_signals()
+        if options.lifeline_fd is not None:
+            watch_wrapper(options.lifeline_fd, self.inbox)
         self.control.start()
         self.watcher.start()
         self.log.info(
@@ -167,6 +173,11 @@ class Daemon:
                 self.changes.bump()  # its measurements feed the memory table
         elif isinstance(msg, m.Shutdown):
             self._shutdown(msg.signum, msg.received_at, now)
+        elif isinstance(msg, m.WrapperGone):
+            if not self._stopping:  # already stopping (the wrapper's Ctrl-C, then its exit): nothing to add
+                self.log.info("daemon_wrapper_gone", lifeline_fd=msg.fd)
+                self._stop_signal_at = now  # a signal within REPEAT_WINDOW_S after this is the same request
+                self._begin_stop(now, None, "wrapper_gone")
         elif isinstance(msg, m.StatusRequested):
             msg.reply.send({"ok": True, "state": self._state()})
         elif isinstance(msg, m.GatewayViewRequested):  # also while stopping: the gateway sees it
@@ -198,10 +209,14 @@ class Daemon:
             for server in self.supervisor.servers.values():
                 server.kill_now()
             return
-        self._stopping = True
         self._stop_signal_at = received_at
+        self._begin_stop(now, signal.Signals(signum).name, "signal")
+
+    def _begin_stop(self, now: float, signal_name: str | None, cause: str) -> None:
+        """Stop every server, then the loop ends; `cause` is "signal" or "wrapper_gone"."""
+        self._stopping = True
         self.changes.bump()
-        self.log.info("daemon_stopping", pid=os.getpid(), signal=signal.Signals(signum).name)
+        self.log.info("daemon_stopping", pid=os.getpid(), signal=signal_name, cause=cause)
         self.supervisor.stop_all(now)
         for reply in self._waiting_replies:
             reply.send({"ok": False, "error": "the daemon is stopping"})

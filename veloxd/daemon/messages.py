@@ -84,6 +84,14 @@ class Shutdown:
 
 
 @dataclass(frozen=True)
+class WrapperGone:
+    """The descriptor given by `veloxd run --lifeline-fd` reached EOF: the wrapper that started the
+    daemon (make run's demo) is gone, however it died."""
+
+    fd: int
+
+
+@dataclass(frozen=True)
 class ChildReport:
     """What a spawn's reader, waiter or prober thread reports: of which server, which of its spawns."""
 
