@@ -165,7 +165,9 @@ def test_moved_or_deleted_log_is_reopened_and_logs_says_which_file(start_daemon:
     assert daemon.cli("reload").returncode == 0  # any event: the handler notices the move
     wait_for(lambda: log.exists(), 60, "a new log file at the path")
     reopened = daemon.wait_event("log_reopened", timeout=60)
-    assert reopened["reason"] == "moved_or_deleted"
+    assert reopened["reason"] == "moved_or_deleted" and reopened["log_file"] == str(log)
+    first = json.loads(log.read_text().splitlines()[0])
+    assert first["event"] == "log_reopened", first  # the new file says why it exists before anything else
     shown = daemon.cli("logs")
     assert shown.returncode == 0 and '"event": "config_unchanged"' in shown.stdout and not shown.stderr
     port = daemon.servers["alpha"]["port"]

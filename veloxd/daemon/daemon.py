@@ -18,7 +18,7 @@ from typing import Any
 from veloxd import __version__, protocol
 from veloxd.daemon import messages as m
 from veloxd.daemon.control import CONTROL_SOCKET_ENV, ControlServer, remove_private_dir
-from veloxd.daemon.logs import get_logger, reopen_logs, take_reopened, take_write_failure
+from veloxd.daemon.logs import get_logger, reopen_logs, take_write_failure
 from veloxd.daemon.models import ModelDirs
 from veloxd.daemon.ondemand import OnDemand
 from veloxd.daemon.orphans import end_orphans
@@ -239,8 +239,6 @@ class Daemon:
 
     # ---- timers ---------------------------------------------------------------------------
     def _timers(self, now: float) -> None:
-        if take_reopened():  # the handler reopened a moved or deleted log file: say so in the new one
-            self.log.info("log_reopened", log_file=str(self.options.log_file), reason="moved_or_deleted")
         failure = take_write_failure()
         if failure is not None:  # lost from the file, but seen on the console, the dashboard and in status
             self.log.error("log_write_failed", **failure)

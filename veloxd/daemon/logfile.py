@@ -58,11 +58,10 @@ class ReopeningFileHandler(logging.handlers.RotatingFileHandler):
 
     def __init__(self, filename: Path, max_bytes: int, backups: int) -> None:
         self._ident: tuple[int, int] | None = None  # before super().__init__, which opens the file
-        self.reopened = 0  # how often the path was found moved or deleted
         self.failure: WriteFailure | None = None  # while records are being lost
         self.lost_total = 0  # every record lost since the daemon started (the metric)
         self._announced: str | None = None  # the failure's error the daemon has logged (take_write_failure)
-        self._announcing = False  # writing log_write_recovered: its own failure is not a lost record
+        self._announcing = False  # writing an announcement (_announce): its own failure is not a lost record
         super().__init__(filename, maxBytes=max_bytes, backupCount=backups, encoding="utf-8")
 
     def _open(self) -> Any:
@@ -75,7 +74,7 @@ class ReopeningFileHandler(logging.handlers.RotatingFileHandler):
         return stream
 
     def emit(self, record: logging.LogRecord) -> None:
-        if self._announcing:  # log_write_recovered itself: a failure propagates to _announce_recovery
+        if self._announcing:  # an announcement itself: a failure propagates to its caller
             self._write(record)
             return
         try:
@@ -100,8 +99,8 @@ class ReopeningFileHandler(logging.handlers.RotatingFileHandler):
         except OSError:
             moved = False
         if moved and self.stream is not None:
-            self.reopened += 1
             self.reopen()
+            self._announce("info", "log_reopened", log_file=self.baseFilename, reason="moved_or_deleted")
 
     def _write(self, record: logging.LogRecord) -> None:
         """FileHandler.emit without its catch-all: an OSError reaches the caller."""
@@ -123,20 +122,26 @@ class ReopeningFileHandler(logging.handlers.RotatingFileHandler):
         if failure.errno == errno.ENOSPC and not _space_left(self.stream.fileno()):
             # The last block's slack may still take a short record: not a recovery, and no flapping.
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-        self._announcing = True
-        try:
-            structlog.stdlib.get_logger("veloxd.daemon").warning(
-                "log_write_recovered",
-                log_file=self.baseFilename,
-                lost_records=failure.lost,
-                failed_since=failure.since,
-                error=failure.error,
-                errno=failure.errno,
-            )
-        finally:
-            self._announcing = False
+        self._announce(
+            "warning",
+            "log_write_recovered",
+            log_file=self.baseFilename,
+            lost_records=failure.lost,
+            failed_since=failure.since,
+            error=failure.error,
+            errno=failure.errno,
+        )
         self.failure = None
         self._announced = None
+
+    def _announce(self, level: str, event: str, **keys: Any) -> None:
+        """Log `event` to every handler before the record being emitted, so it is the first line of
+        a reopened file (the handler's lock is re-entrant; this handler writes it directly)."""
+        self._announcing = True
+        try:
+            getattr(structlog.stdlib.get_logger("veloxd.daemon"), level)(event, **keys)
+        finally:
+            self._announcing = False
 
     def _lose(self, err: BaseException) -> None:
         if self.failure is None:

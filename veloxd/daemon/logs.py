@@ -42,14 +42,6 @@ def reopen_logs() -> list[str]:
     return [h.baseFilename for h in handlers]
 
 
-def take_reopened() -> int:
-    """How many times a log file was found moved or deleted (and reopened) since the last call."""
-    count = 0
-    for handler in _file_handlers():
-        count, handler.reopened = count + handler.reopened, 0
-    return count
-
-
 def log_file_id() -> list[int] | None:
     """[device, inode] of the log file being written, for `veloxd logs` to compare with the path."""
     for handler in _file_handlers():
