@@ -100,6 +100,18 @@ def ready_text(state: dict[str, Any], state_dir: Path) -> str:
     return "\n".join(out) + "\n"
 
 
+def not_ready_text(state: dict[str, Any] | None, log: Path) -> str:
+    """Which servers are not ready after the wait, and why, as status shows it (a port held by
+    another process, a missing model), instead of only pointing at the log."""
+    lines = [f"veloxd demo: servers are not all ready yet; see {log}"]
+    for name, server in ((state or {}).get("servers") or {}).items():
+        if server["state"] == "ready" or (server.get("start") == "on_demand" and server["state"] == "stopped"):
+            continue
+        why = server.get("waiting_reason") or server.get("fatal_reason") or server.get("last_error")
+        lines.append(f"  {name}: {server['state']}" + (f": {why}" if why else ""))
+    return "\n".join(lines)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m veloxd.demo")
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "veloxd.yaml")
@@ -135,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     if state is not None:
         print(ready_text(state, state_dir), flush=True)
     elif proc.poll() is None:
-        print(f"veloxd demo: servers are not all ready yet; see {cache / 'veloxd.jsonl'}", flush=True)
+        print(not_ready_text(read_state(state_dir), cache / "veloxd.jsonl"), flush=True)
     code = proc.wait()
     os.close(keep)
     return code

@@ -23,21 +23,20 @@ from tests.support import REPO, free_port, wait_until
 DEADLINE_S = 120
 
 
-def start_demo(tmp_path: Path, ignore_hangup: bool = False) -> tuple[subprocess.Popen, Path]:
+def start_demo(tmp_path: Path, ignore_hangup: bool = False, *extra: str) -> tuple[subprocess.Popen, Path]:
     config = tmp_path / "veloxd.yaml"
     missing = tmp_path / "not-yet-there"
     config.write_text(
         f"version: 1\nservers:\n  lonely:\n    model: {missing}\n    method: fp16\n    port: {free_port()}\n"
     )
     cache = tmp_path / "cache"
-    argv = [sys.executable, "-m", "veloxd.demo", "--config", str(config), "--cache-dir", str(cache)]
+    argv = [sys.executable, "-m", "veloxd.demo", "--config", str(config), "--cache-dir", str(cache), *extra]
 
     def hangup_disposition() -> None:  # set either way: the test runner itself may run under nohup
         signal.signal(signal.SIGHUP, signal.SIG_IGN if ignore_hangup else signal.SIG_DFL)
 
-    proc = subprocess.Popen(
-        argv, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, preexec_fn=hangup_disposition
-    )
+    with open(tmp_path / "demo.out", "w") as out:
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, preexec_fn=hangup_disposition)
     return proc, cache / "veloxd.jsonl"
 
 
@@ -104,5 +103,24 @@ def test_a_killed_demo_takes_its_daemon_along(tmp_path: Path) -> None:
         assert wait_record(log, "daemon_stopping")["cause"] == "wrapper_gone"
         wait_gone([daemon], DEADLINE_S)
         assert wait_record(log, "daemon_stopped")["pid"] == daemon
+    finally:
+        stop(demo, daemon)
+
+
+def test_a_demo_that_gives_up_waiting_says_which_server_waits_and_why(tmp_path: Path) -> None:
+    # The entry's model never appears; the wait is long enough for the daemon to record why on a
+    # busy machine (the daemon starts and writes its state within a second or two when idle).
+    demo, log = start_demo(tmp_path, False, "--ready-timeout", "10")
+    daemon = None
+    try:
+        daemon = wait_record(log, "daemon_started")["pid"]
+        out = tmp_path / "demo.out"
+        wait_until(lambda: "not all ready yet" in out.read_text(), DEADLINE_S, what="the demo's verdict")
+        text = out.read_text()
+        assert f"see {log}" in text, text
+        assert f"  lonely: waiting: model path {tmp_path / 'not-yet-there'} does not exist (yet)" in text, text
+        demo.send_signal(signal.SIGINT)
+        assert demo.wait(DEADLINE_S) == 0
+        wait_gone([daemon], DEADLINE_S)
     finally:
         stop(demo, daemon)
