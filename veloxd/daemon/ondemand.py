@@ -113,11 +113,12 @@ class OnDemand:
         servers = {}
         for name, entry in config.servers.items():
             server = self.supervisor.servers.get(name)
+            where = server.entry if server is not None else entry  # a held restart's server still runs there
             servers[name] = {
                 "state": server.state.value if server is not None else "stopped",
                 "pid": server.pid if server is not None else None,
-                "host": entry.host,
-                "port": entry.port,
+                "host": where.host,
+                "port": where.port,
                 "model": entry.model,
                 "method": entry.method,
                 "aliases": list(entry.aliases),

@@ -5,6 +5,8 @@ have exited (ports and unified memory are free again), then start changed and ad
 Unchanged servers are not touched; live-only updates replace the entry without a restart.
 Rollouts of one lane run one after another; the dashboard has a lane of its own (it holds no
 model memory and no port a server needs), so its restart never waits behind a server's stop.
+A READY server whose new settings cannot start yet (a port another process holds, a model path
+not there yet) is not stopped: its restart is held until they can (veloxd.daemon.held).
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from veloxd.daemon import messages as m
+from veloxd.daemon.held import Held, blockers, held, still_held
 from veloxd.daemon.server import ServerProcess
 from veloxd.daemon.spawner import Spawner
 from veloxd.daemon.state import ServerState
@@ -44,6 +47,7 @@ class Supervisor:
     def __init__(self, spawner: Spawner, log: Any, changes: Changes | None = None) -> None:
         self.servers: dict[str, ServerProcess] = {}
         self.rollouts: list[Rollout] = []
+        self.held: dict[str, Held] = {}  # READY servers whose restart waits for the world (veloxd.daemon.held)
         self.changes = changes if changes is not None else Changes()  # shared with every ServerProcess
         self._spawner = spawner
         self._log = log
@@ -56,31 +60,79 @@ class Supervisor:
         ready_timeout_s) is started again: the user has acted on it.
         """
         revived = [n for n in plan.updated if n in self.servers and self.servers[n].state is ServerState.FATAL]
+        holding = self._hold(plan, desired, lane, now)
+        plan_changed = [n for n in plan.changed if n not in holding]
         for name in plan.updated:
-            if name in self.servers:
+            if name in self.held:  # keeps the settings it runs until its restart goes ahead
+                self.held[name].entry = desired[name]
+            elif name in self.servers:
                 self.servers[name].entry = desired[name]
                 self.servers[name].recheck_soon(now)
         running = {n for n, s in self.servers.items() if s.state is not ServerState.STOPPED}
-        candidates = [*plan.changed, *revived, *plan.added]
+        candidates = [*plan_changed, *revived, *plan.added]
         # An on_demand server starts only on its first request, or again if it was running when it changed;
         # one switched to `start: always` while stopped starts now.
         candidates += [n for n in plan.updated if n not in running and desired[n].start == "always"]
         to_start: dict[str, Supervised | None] = {
             n: desired[n] for n in candidates if desired[n].start == "always" or n in running
         }
-        for name in [*plan.added, *plan.changed]:
+        for name in [*plan.added, *plan_changed]:
             if name not in to_start and name not in plan.removed:
                 if name in self.servers:
                     self.servers[name].entry = desired[name]
                 else:  # known (status, the gateway) but not started
                     self.servers[name] = self._new(desired[name])
-        stop = {*plan.removed, *plan.changed, *revived}
+        stop = {*plan.removed, *plan_changed, *revived}
         self.begin(Rollout(stop=stop, start=to_start, remove=set(plan.removed), lane=lane), now)
+
+    def _hold(self, plan: Plan, desired: Mapping[str, Supervised], lane: str, now: float) -> set[str]:
+        """Hold the restart of every changed READY server whose new settings cannot start yet."""
+        for name in [*plan.removed, *plan.changed]:
+            self.held.pop(name, None)  # removed, or changed again: decided afresh below
+        stopping = [self.servers[n] for n in [*plan.removed, *plan.changed] if n in self.servers]
+        freed = frozenset(s.entry.port for s in stopping if s.state is not ServerState.STOPPED)
+        holding = set()
+        for name in plan.changed:
+            server = self.servers.get(name)
+            if server is None or server.state is not ServerState.READY:
+                continue  # nothing serving to keep: the new settings start (or wait) as usual
+            conditions = blockers(server.entry, desired[name], freed=freed)
+            if conditions:
+                holding.add(name)
+                self.held[name] = hold = held(desired[name], conditions, lane, now)
+                self.changes.bump()
+                self._log.warning(
+                    "server_restart_held",
+                    server=name,
+                    pid=server.pid,
+                    reason=hold.reason,
+                    conditions=[c.to_dict() for c in conditions],
+                    recheck_s=round(hold.recheck_at - now, 3),
+                )
+        return holding
+
+    def _release_held(self, now: float) -> None:
+        """Restart a held server once its new settings can start, or at once once it stopped serving."""
+        for name, hold in list(self.held.items()):
+            server = self.servers.get(name)
+            serving = server is not None and server.state is ServerState.READY
+            if serving and now < hold.recheck_at:
+                continue
+            conditions = blockers(server.entry, hold.entry) if server is not None and serving else []
+            if conditions:
+                if [c.to_dict() for c in conditions] != [c.to_dict() for c in hold.conditions]:
+                    self.changes.bump()  # the reason status shows
+                still_held(hold, conditions, now)
+                continue
+            del self.held[name]
+            self._log.info("server_restart_released", server=name, serving=serving)
+            self.begin(Rollout(stop={name}, start={name: hold.entry}, reason="held_restart", lane=hold.lane), now)
 
     def restart(self, names: Iterable[str], reason: str, now: float) -> None:
         """Stop and start these servers again (clearing their failure history)."""
         names = [n for n in names if n in self.servers]
-        start: dict[str, Supervised | None] = dict.fromkeys(names)
+        # A held restart asked for by hand goes ahead with the new settings (WAITING, visibly, if still blocked).
+        start: dict[str, Supervised | None] = {n: h.entry if (h := self.held.pop(n, None)) else None for n in names}
         self.begin(Rollout(stop=set(names), start=start, reason=reason), now)
 
     def model_changed(self, names: Iterable[str], present: bool, now: float) -> list[str]:
@@ -93,8 +145,10 @@ class Supervisor:
         names = [n for n in names if n in self.servers]
         for name in names:
             self.servers[name].recheck_soon(now)
+            if name in self.held:  # its new model path may be there now: it restarts when the hold releases
+                self.held[name].recheck_at = now
         movable = (ServerState.FATAL,) if not present else tuple(s for s in ServerState if s is not ServerState.WAITING)
-        restart = [n for n in names if self.servers[n].state in movable]
+        restart = [n for n in names if n not in self.held and self.servers[n].state in movable]
         self.restart(restart, "model_changed", now)
         return restart
 
@@ -102,6 +156,8 @@ class Supervisor:
         """`veloxd reload` of unchanged bytes: WAITING servers look at the world again now."""
         for server in self.servers.values():
             server.recheck_soon(now)
+        for hold in self.held.values():
+            hold.recheck_at = now
 
     def begin(self, rollout: Rollout, now: float) -> None:
         """Queue a rollout; rollouts run one after another so none undoes another's stop."""
@@ -112,6 +168,7 @@ class Supervisor:
     def stop_all(self, now: float) -> None:
         """Shutdown: every server to STOPPING at once (they stop in parallel); no more starts."""
         self.rollouts.clear()
+        self.held.clear()
         self.changes.bump()
         for server in self.servers.values():
             server.stop(now)
@@ -144,10 +201,12 @@ class Supervisor:
     def tick(self, now: float) -> None:
         for server in list(self.servers.values()):
             server.tick(now)
+        self._release_held(now)
         self._advance(now)
 
     def next_deadline(self) -> float | None:
         deadlines = [d for s in self.servers.values() if (d := s.next_deadline()) is not None]
+        deadlines += [hold.recheck_at for hold in self.held.values()]
         return min(deadlines, default=None)
 
     def _advance(self, now: float) -> None:
@@ -195,12 +254,17 @@ class Supervisor:
         restart waits behind another rollout is not settled, and status must not say it is."""
         pending = self.pending()
         return {
-            name: {**server.snapshot(), "pending": pending.get(name)} for name, server in sorted(self.servers.items())
+            name: {
+                **server.snapshot(),
+                "pending": pending.get(name),
+                "held_reason": self.held[name].reason if name in self.held else None,
+            }
+            for name, server in sorted(self.servers.items())
         }
 
     def pending(self) -> dict[str, str]:
         """name -> "restart", "stop" or "start": the first thing a queued rollout has yet to finish for it."""
-        out: dict[str, str] = {}
+        out: dict[str, str] = dict.fromkeys(self.held, "restart held")
         for rollout in self.rollouts:
             for name in sorted(rollout.stop | rollout.start.keys()):
                 if name not in out:

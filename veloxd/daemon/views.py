@@ -38,6 +38,8 @@ def _state_text(server: dict[str, Any]) -> str:
     if server.get("state") == "downloading" and download:
         return f"downloading {download.get('percent', 0):.0f}%"
     state = str(server.get("state", "?"))
+    if server.get("held_reason"):
+        return f"{state}, restart held: {server['held_reason']}"
     return f"{state}, {server['pending']} queued" if server.get("pending") else state
 
 

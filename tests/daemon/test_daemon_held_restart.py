@@ -1,0 +1,108 @@
+"""An edit the world is not ready for keeps the running server: its restart is held.
+
+A READY server moved to a port another process holds, or to a model path not there yet, keeps
+serving with the settings it runs (same pid, same port), status says `restart held` and why and
+exits 3; once the condition clears the restart goes ahead with the new settings. A server that
+is not serving starts (or waits) with the new settings at once, as before.
+"""
+
+from __future__ import annotations
+
+import shutil
+import socket
+from pathlib import Path
+
+from tests.fixtures.daemon_harness import FAKE_MODEL, DaemonHarness, entry, wait_for
+from tests.fixtures.fake_spawner import make_entry
+from tests.support import free_port, http_json
+from veloxd.config.world import Condition
+from veloxd.daemon.held import blockers
+from veloxd.daemon.supervised import Supervised
+
+
+def listening(port: int) -> socket.socket:
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind(("127.0.0.1", port))
+    sock.listen()
+    return sock
+
+
+def test_blockers_check_the_port_only_when_it_moves() -> None:
+    held_port = {"127.0.0.1:2": "port 2 on 127.0.0.1 is already in use"}
+
+    def port_check(host: str, port: int) -> str | None:
+        return held_port.get(f"{host}:{port}")
+
+    def no_world(entry: Supervised) -> list[Condition]:
+        return []
+
+    running = make_entry("a", 1)
+    assert blockers(running, make_entry("a", 1, stop_timeout_s=7), no_world, port_check) == []
+    [port] = blockers(running, make_entry("a", 2), no_world, port_check)
+    assert port.kind == "port" and port.message == held_port["127.0.0.1:2"]
+    assert blockers(make_entry("a", 2), make_entry("a", 2, stop_timeout_s=7), no_world, port_check) == []
+    # held by one of our servers that the same plan stops (two servers swap ports): not a blocker
+    assert blockers(running, make_entry("a", 2), no_world, port_check, freed=frozenset({2})) == []
+
+
+def test_a_move_to_a_taken_port_keeps_the_server_until_the_port_is_free(tmp_path: Path) -> None:
+    h = DaemonHarness(tmp_path)
+    old_port, new_port = free_port(), free_port()
+    beta_port = free_port()
+    h.write({"alpha": entry(old_port), "beta": entry(beta_port)})
+    squatter = listening(new_port)
+    try:
+        h.start()
+        h.wait_states({"alpha": "ready", "beta": "ready"})
+        pid = h.server("alpha")["pid"]
+        h.write({"alpha": entry(new_port), "beta": entry(beta_port)})
+        held = h.wait_event("server_restart_held", server="alpha")
+        assert f"port {new_port} on 127.0.0.1 is already in use" in held["reason"], held
+        alpha = h.server("alpha")
+        assert alpha["state"] == "ready" and alpha["pid"] == pid and alpha["port"] == old_port, alpha
+        assert alpha["pending"] == "restart held" and f"port {new_port}" in alpha["held_reason"], alpha
+        assert http_json(f"http://127.0.0.1:{old_port}/health", timeout=30)[0] == 200  # still serving
+        status = h.cli("status")
+        assert status.returncode == 3, status  # not settled while a restart is held
+        assert f"ready, restart held: port {new_port}" in status.stdout, status.stdout
+        assert not h.events("server_stopping", server="alpha")
+
+        squatter.close()
+        h.wait_event("server_restart_released", server="alpha")
+        wait_for(
+            lambda: h.server("alpha")["state"] == "ready" and h.server("alpha")["port"] == new_port,
+            60,
+            "alpha ready on its new port",
+        )
+        assert h.server("alpha")["pid"] != pid and h.server("alpha")["held_reason"] is None
+        assert http_json(f"http://127.0.0.1:{new_port}/health", timeout=30)[0] == 200
+        assert h.cli("status").returncode == 0
+    finally:
+        squatter.close()
+        h.cleanup()
+
+
+def test_a_move_to_a_model_path_not_there_yet_is_held_until_it_appears(tmp_path: Path) -> None:
+    h = DaemonHarness(tmp_path)
+    port = free_port()
+    later = tmp_path / "models" / "next"
+    h.write({"alpha": entry(port)})
+    try:
+        h.start()
+        h.wait_states({"alpha": "ready"})
+        pid = h.server("alpha")["pid"]
+        h.write({"alpha": entry(port, model=str(later))})
+        held = h.wait_event("server_restart_held", server="alpha")
+        assert str(later) in held["reason"], held
+        assert h.server("alpha")["pid"] == pid and h.server("alpha")["model"] == FAKE_MODEL
+        shutil.copytree(FAKE_MODEL, later)  # the watch on the path's parent sees it: no poll wait
+        h.wait_event("server_restart_released", server="alpha")
+        wait_for(
+            lambda: h.server("alpha")["state"] == "ready" and h.server("alpha")["model"] == str(later),
+            60,
+            "alpha ready on the new model",
+        )
+        assert h.server("alpha")["pid"] != pid
+    finally:
+        h.cleanup()

@@ -1,0 +1,70 @@
+"""Held restarts: a changed entry whose new settings cannot start yet keeps its running server.
+
+An edit that moves a READY server to a port another process holds, or to a model path not there
+yet, used to stop the server and leave it WAITING: a good server taken down by an edit the world
+is not ready for. Such a restart is held instead: the old worker keeps serving with the settings
+it runs, status shows `restart held` and why, and the restart goes ahead (stop, then start with
+the new settings) once the conditions clear, looked at again with WAITING's backoff and at once
+when a watch sees the config or a model path change.
+
+The decision is pure (`blockers`, given the world check); the supervisor keeps the book.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from veloxd.config.world import Condition, entry_conditions, port_problem
+from veloxd.daemon.state import recheck_delay
+from veloxd.daemon.supervised import Supervised
+
+WorldCheck = Callable[[Supervised], list[Condition]]  # conditions other than its own port
+
+
+def world_without_port(entry: Supervised) -> list[Condition]:
+    return entry_conditions(entry, ports=False)
+
+
+def blockers(
+    running: Supervised,
+    desired: Supervised,
+    check: WorldCheck = world_without_port,
+    port_check: Callable[[str, int], str | None] = port_problem,
+    freed: frozenset[int] = frozenset(),
+) -> list[Condition]:
+    """What keeps `desired` from starting in place of the running `running`: its world conditions,
+    and its port only when it moves (the running worker holds its own port) to one that the same
+    plan does not free (`freed`: ports of our servers it stops, as when two servers swap ports)."""
+    found = list(check(desired))
+    moved = (desired.host, desired.port) != (running.host, running.port)
+    if moved and desired.port not in freed and (problem := port_check(desired.host, desired.port)):
+        found.append(Condition("port", ("port",), problem))
+    return found
+
+
+@dataclass
+class Held:
+    """One held restart: the entry to start once `conditions` clear."""
+
+    entry: Supervised
+    conditions: list[Condition]
+    lane: str
+    recheck_at: float
+    rechecks: int = 1
+
+    @property
+    def reason(self) -> str:
+        return "; ".join(c.message for c in self.conditions)
+
+
+def held(entry: Supervised, conditions: list[Condition], lane: str, now: float) -> Held:
+    return Held(entry, conditions, lane, now + recheck_delay(1))
+
+
+def still_held(hold: Held, conditions: list[Condition], now: float) -> Held:
+    """The same hold looked at again: next look after WAITING's backoff."""
+    hold.rechecks += 1
+    hold.conditions = conditions
+    hold.recheck_at = now + recheck_delay(hold.rechecks)
+    return hold
