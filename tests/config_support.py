@@ -138,7 +138,8 @@ FIELD_CASES = [
                 7,
                 11,
                 "$.servers.coder.seed",
-                "seed does not apply to method kivi (only to: affine, turboquant_mse, turboquant_prod, qjl)",
+                "seed does not apply to method kivi (only to: affine, turboquant_mse, turboquant_prod, qjl, "
+                "and the hybrids streaming_llm_affine, knorm_affine, snapkv_affine, tova_affine, h2o_affine)",
             ),
         ],
     ),

@@ -22,7 +22,8 @@ def register(sub: Any) -> None:
         description="Validate a veloxd.yaml. Errors go to stderr, one per line, as "
         "FILE:LINE:COL: message (at $.json.path). Conditions of the world that make an entry "
         "wait in the daemon (a model path that does not exist yet, an unset api_key_env "
-        "variable) are warnings, in the same form. Exit 0 valid (warnings or not; 1 with "
+        "variable) and keys that do nothing where they are written are warnings, in the same "
+        "form. Exit 0 valid (warnings or not; 1 with "
         "--strict when there are warnings), 1 invalid, 2 unreadable.",
     )
     check.add_argument("file", nargs="?", metavar="FILE", help=f"config file (default: {CONFIG_DEFAULT})")
@@ -64,6 +65,7 @@ def run_check(args: argparse.Namespace) -> int:
     result = inspect_config(path)
     valid = result.config is not None
     warnings = [_warning_line(w) for w in result.warnings]
+    warnings += [_ineffective_line(w) for w in result.ineffective]
     warnings += _not_downloaded(path, result.servers, result.spans)
     if args.json:
         print(
@@ -90,9 +92,11 @@ def run_check(args: argparse.Namespace) -> int:
     if valid:
         if args.strict and warnings:
             count = len(warnings)
+            # Only conditions of the world make servers wait; a key that does nothing makes none wait.
+            waits = "" if result.ineffective else " and the daemon makes only those servers wait"
             print(
                 f"{path}: --strict: failing on {count} warning{'s' if count != 1 else ''} (above); "
-                "without --strict the file is valid and the daemon makes only those servers wait",
+                f"without --strict the file is valid{waits}",
                 file=sys.stderr,
             )
             return EXIT_INVALID
@@ -106,6 +110,11 @@ def _warning_line(issue: Any) -> str:
         f"{issue.file}:{issue.line}:{issue.column}: warning: {issue.message}; the daemon keeps this server "
         f"waiting until that changes (at {issue.path})"
     )
+
+
+def _ineffective_line(issue: Any) -> str:
+    """A valid key that does nothing where it is written (veloxd.config.gateway_checks): a warning."""
+    return f"{issue.file}:{issue.line}:{issue.column}: warning: {issue.message} (at {issue.path})"
 
 
 def _not_downloaded(path: str, servers: Any, spans: dict[tuple, Any]) -> list[str]:

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from veloxd.config.keys import yaml_fields
-from veloxd.kv.config import OWN_KEYS, KVCacheConfig, fields_for
+from veloxd.kv.config import OWN_KEYS, KVCacheConfig, fields_for, override_fields_for
 
 
 def entry_to_dict(entry: Any) -> dict[str, Any]:
@@ -107,7 +107,8 @@ def section_from_dict(cls: type, data: Mapping[str, Any]) -> Any:
 def _kv_to_dict(kv: KVCacheConfig) -> dict[str, Any]:
     out: dict[str, Any] = {"method": kv.method}
     out.update({own: getattr(kv, own) for own in OWN_KEYS if own in fields_for(kv.method)})
-    out["overrides"] = kv.overrides()
+    # Every setting of the method, defaults included (as the rest of the entry): what it runs with.
+    out["overrides"] = {name: getattr(kv, name) for name in override_fields_for(kv.method)}
     return out
 
 
@@ -117,10 +118,12 @@ def _kv_from_dict(data: Mapping[str, Any]) -> KVCacheConfig:
     for own in OWN_KEYS:
         if data.get(own) is not None:
             values[own] = data[own]
-    for name, value in values.items():
-        if isinstance(value, float) and value.is_integer():
-            values[name] = int(value)  # JSON Schema's "integer" admits 32.0
-    return KVCacheConfig.from_dict(values)
+    return KVCacheConfig.from_dict({name: kv_number(value) for name, value in values.items()})
+
+
+def kv_number(value: Any) -> Any:
+    """A KV setting as KVCacheConfig takes it: JSON Schema's "integer" admits 32.0, the config wants 32."""
+    return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
 def section_to_dict(value: Any) -> dict[str, Any]:

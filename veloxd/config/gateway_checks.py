@@ -56,6 +56,34 @@ def check_routing(raw_servers: Mapping[str, Any], has_gateway: bool) -> Problems
     return problems
 
 
+def ineffective_keys(raw_servers: Mapping[str, Any], has_gateway: bool, refused: set[tuple]) -> Problems:
+    """Server keys that are valid but do nothing where they are written: warnings, not errors (the
+    file works; it just does not do what the key says). Keys the schema refused are left out."""
+    problems: Problems = []
+    for name, raw in raw_servers.items():
+        if not isinstance(raw, dict):
+            continue
+        where = ("servers", name)
+        # Only the gateway's idle task unloads, and it looks at on_demand servers alone.
+        if raw.get("idle_unload_s") is not None and raw.get("start", "always") == "always":
+            problems.append(
+                (
+                    (*where, "idle_unload_s"),
+                    "idle_unload_s does nothing on a server with start: always "
+                    "(the gateway unloads only start: on_demand servers when idle)",
+                )
+            )
+        # A worker answers to its entry name only; the aliases live in the gateway's routing table.
+        if raw.get("aliases") and not has_gateway:
+            problems.append(
+                (
+                    (*where, "aliases"),
+                    "aliases do nothing without a gateway: block (only the gateway routes requests by model name)",
+                )
+            )
+    return [(path, message) for path, message in problems if path not in refused and path[:2] not in refused]
+
+
 def with_assigned_ports(servers: dict[str, ServerEntry], gateway: Gateway | None) -> dict[str, ServerEntry]:
     """Entries without a port get one from the assigned range (in name order: independent of file order)."""
     taken = {e.port for e in servers.values() if e.port is not None} | ({gateway.port} if gateway else set())

@@ -13,6 +13,7 @@ from veloxd.config.gateway_checks import (
     check_dashboard_beside_gateway,
     check_gateway,
     check_routing,
+    ineffective_keys,
     with_assigned_ports,
 )
 from veloxd.config.model import VERSION, Config, ServerEntry
@@ -35,6 +36,9 @@ class Inspection:
     # Conditions of the world (a model path that does not exist yet...): the file is valid, and
     # the daemon makes only the entry concerned wait (veloxd.config.world).
     warnings: list[ConfigIssue] = field(default_factory=list)
+    # Valid keys that do nothing where they are written (idle_unload_s on a start: always server...):
+    # warnings too, but no server waits for them to change, so they are kept apart.
+    ineffective: list[ConfigIssue] = field(default_factory=list)
     spans: dict[tuple, Any] = field(default_factory=dict)  # YAML positions, to locate later findings too
     servers: Mapping[str, ServerEntry] = field(default_factory=dict)  # the entries that parsed, even in an invalid file
 
@@ -96,16 +100,20 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
     for name, raw in raw_servers.items():
         if not isinstance(raw, dict):
             continue
-        bad_keys = {p[2] for p in bad_paths if len(p) > 2 and p[:2] == ("servers", name)}
-        entry, problems = check_entry(name, raw, source.path.parent, bad_keys)
+        refused = {p[2:] for p in bad_paths if len(p) > 2 and p[:2] == ("servers", name)}
+        entry, problems = check_entry(name, raw, source.path.parent, refused)
         issues += [locate(file, spans, ("servers", name) + p, message) for p, message in problems]
         if entry is not None:
             servers[name] = entry
     gateway, gateway_problems = check_gateway(
         data.get("gateway"), {p[1] for p in bad_paths if p[:1] == ("gateway",) and len(p) > 1}
     )
-    gateway_problems += check_routing(raw_servers, gateway is not None or "gateway" in data)
+    has_gateway = gateway is not None or "gateway" in data
+    gateway_problems += check_routing(raw_servers, has_gateway)
     issues += [locate(file, spans, p, message) for p, message in gateway_problems]
+    ineffective = [
+        locate(file, spans, p, message, "key") for p, message in ineffective_keys(raw_servers, has_gateway, bad_paths)
+    ]
     endpoints = _endpoints(raw_servers)
     if isinstance(data.get("gateway"), dict):
         endpoints.update(_endpoints({GATEWAY_NAME: data["gateway"]}))
@@ -128,7 +136,14 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
         for condition in entry_conditions(entry, ports=False)
     ]
     if issues:
-        return Inspection(None, _sorted(issues), warnings=_sorted(warnings), spans=spans, servers=servers)
+        return Inspection(
+            None,
+            _sorted(issues),
+            warnings=_sorted(warnings),
+            ineffective=_sorted(ineffective),
+            spans=spans,
+            servers=servers,
+        )
     config = Config(
         version=VERSION,
         servers=with_assigned_ports(servers, gateway),
@@ -137,7 +152,9 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
         dashboard=dashboard,
         gateway=gateway,
     )
-    return Inspection(config, warnings=_sorted(warnings), spans=spans, servers=config.servers)
+    return Inspection(
+        config, warnings=_sorted(warnings), ineffective=_sorted(ineffective), spans=spans, servers=config.servers
+    )
 
 
 def _invalid(issues: list[ConfigIssue]) -> Inspection:

@@ -11,22 +11,25 @@ from typing import Any
 
 from veloxd.checks import host_problem, is_loopback, parse_size, resolve_model
 from veloxd.config.keys import size_paths
+from veloxd.config.kv_checks import kv_error_path, kv_problems
 from veloxd.config.model import ServerEntry
 from veloxd.config.sections import RestartPolicy
-from veloxd.kv.config import OWN_KEYS, KVConfigError
+from veloxd.kv.config import KVConfigError
 
 Problems = list[tuple[tuple, str]]  # (path inside the entry, message)
 Report = Callable[[tuple, str], None]
 
 
 def check_entry(
-    name: str, raw: dict[str, Any], base_dir: Path, bad_keys: AbstractSet[str] = frozenset()
+    name: str, raw: dict[str, Any], base_dir: Path, refused: AbstractSet[tuple] = frozenset()
 ) -> tuple[ServerEntry | None, Problems]:
     """The entry built from `raw`, or None and the reasons it cannot be built.
 
-    Keys in `bad_keys` already failed the schema: they are not checked again, and no entry is built.
+    `refused` holds the paths inside the entry that already failed the schema: they are not checked
+    again, and no entry is built. Every other check still runs, so `check` shows every mistake at once.
     """
-    problems: Problems = []
+    bad_keys = {path[0] for path in refused if path}
+    problems: Problems = kv_problems(raw, refused)
 
     def report(path: tuple, message: str) -> None:
         problems.append((path, message))
@@ -51,8 +54,8 @@ def check_entry(
         return None, problems
     try:
         return ServerEntry.from_dict(name, data), []
-    except KVConfigError as err:  # KVCacheConfig's own and cross-field rules name their field
-        return None, [(_kv_error_path(err.field, data), err.message)]
+    except KVConfigError as err:  # a backstop: kv_problems ran the same rules first
+        return None, [(kv_error_path(err.field, data), err.message)]
 
 
 def endpoint_conflicts(endpoints: dict[str, tuple[str, int]]) -> list[tuple[str, str]]:
@@ -163,13 +166,3 @@ def _check_token_cap(data: dict[str, Any], report: Report) -> None:
             ("sampling", "max_tokens"),
             f"sampling.max_tokens ({default}) exceeds limits.max_tokens ({cap}): no request could get it",
         )
-
-
-def _kv_error_path(field: str, data: dict[str, Any]) -> tuple:
-    """Where an entry writes the KV setting `field`: its own key, inside overrides, else the nearest key."""
-    overrides = data.get("overrides") or {}
-    if field in overrides:
-        return ("overrides", field)
-    if (field in OWN_KEYS or field == "method") and field in data:
-        return (field,)
-    return ("overrides",) if "overrides" in data else ("method",)

@@ -12,6 +12,7 @@ from jsonschema.exceptions import ValidationError
 from veloxd.checks import SIZE_HELP, SIZE_PATTERN, did_you_mean
 from veloxd.config.errors import ConfigIssue, json_path, one_line, short_repr
 from veloxd.config.model import VERSION
+from veloxd.config.refusals import not_applicable
 from veloxd.config.schema import default_schema
 from veloxd.config.yaml_nodes import Span
 from veloxd.kv import registry
@@ -137,7 +138,7 @@ def _unknown_key(path: tuple, name: str, allowed: list[str], data: Any) -> str:
         if name in OWN_KEYS:
             return f"{name} is a key of the server entry, not an override"
         if name in kv_fields and method and method not in owners(name):
-            return f"{name} applies to method {', '.join(owners(name))}, not {method}"
+            return not_applicable(name, method)
         valid = list(override_fields_for(method)) if method else [n for n in kv_fields if n not in OWN_KEYS]
         hint = did_you_mean(name, valid)
         if not hint:
@@ -161,15 +162,8 @@ def _value_message(err: ValidationError, path: tuple, value: Any, data: Any) -> 
     rule = cast(Any, err.validator_value)  # set by the validator, as in _explain
     for_method = f" for method {method}" if method and path[2:3] == ("overrides",) else ""
     key = path[-1] if path else None
-    if kind == "not" and key in OWN_KEYS:
-        if key == "bits" and method:
-            return registry.bits_refusal(method, short_repr(value))
-        having = owners(key)
-        hybrids = [m for m in having if registry.parts(m)[0] == method and m != method]
-        plain = [m for m in having if registry.get(m).family != "hybrid"]
-        hint = f"; to keep {method}'s tokens as {short_repr(value)}-bit codes use method {', '.join(hybrids)}"
-        hint = hint if hybrids else ""
-        return f"{key} does not apply to method {method} (only to: {', '.join(plain)}{hint})"
+    if kind == "not" and key in OWN_KEYS and method:
+        return not_applicable(key, method, value)
     if kind == "enum" and key == "method" and len(path) == 3:
         return registry.unknown_method(str(value))
     if kind == "enum" and key == "bits" and len(path) == 3:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Mapping
+from collections.abc import Set as AbstractSet
 from types import SimpleNamespace
 from typing import Any
 
@@ -44,41 +45,68 @@ def check_setting(f: dataclasses.Field, value: Any, method: str) -> None:
 
 
 def check_cross_fields(settings: Mapping[str, Any]) -> None:
-    """Rules that involve two settings of a method (or of a hybrid's policy). `settings` is every
-    field by name (`KVCacheConfig.to_dict()`): this module never imports the config class, which
-    calls it on construction."""
+    """Rules beyond one setting's own range (a multiple of, odd, below another setting): the first
+    broken one raises. `settings` is every field by name (`KVCacheConfig.to_dict()`): this module
+    never imports the config class, which calls it on construction."""
+    broken = broken_rules(settings)
+    if broken:
+        raise broken[0]
+
+
+def broken_rules(settings: Mapping[str, Any], invalid: AbstractSet[str] = frozenset()) -> list[KVConfigError]:
+    """Every rule `settings` breaks, in order, each naming its field. A rule reading a setting in
+    `invalid` is skipped: that setting is wrong on its own (the caller puts its default in
+    `settings`), so the rule's verdict would rest on a value the user did not write."""
     c = SimpleNamespace(**settings)
     policy = registry.parts(c.method)[0]
-    if c.method == "kivi" and c.kivi_residual_length % c.kivi_group_size:
-        raise KVConfigError(
-            "kivi_residual_length",
-            f"kivi_residual_length={c.kivi_residual_length} for method kivi: "
-            f"must be a multiple of kivi_group_size={c.kivi_group_size}",
-        )
-    if c.method == "qjl" and c.qjl_sketch_dim % 32:
-        raise KVConfigError(
-            "qjl_sketch_dim", f"qjl_sketch_dim={c.qjl_sketch_dim} for method qjl: must be a multiple of 32"
-        )
-    if c.method in TURBOQUANT and c.turboquant_outlier_channels % 32:
-        raise KVConfigError(
-            "turboquant_outlier_channels",
-            f"turboquant_outlier_channels={c.turboquant_outlier_channels} for method {c.method}: "
-            "must be a multiple of 32",
-        )
-    if policy == "snapkv":
-        if c.snapkv_window > c.snapkv_budget:
-            raise KVConfigError(
-                "snapkv_window",
-                f"snapkv_window={c.snapkv_window} for method {c.method}: must not exceed snapkv_budget={c.snapkv_budget}",
-            )
-        if c.snapkv_kernel % 2 == 0:
-            raise KVConfigError("snapkv_kernel", f"snapkv_kernel={c.snapkv_kernel} for method {c.method}: must be odd")
-    if policy == "knorm" and c.knorm_window >= c.knorm_budget:
-        raise KVConfigError(
-            "knorm_window",
-            f"knorm_window={c.knorm_window} for method {c.method}: must be below knorm_budget={c.knorm_budget}",
-        )
-    if policy == "h2o" and c.h2o_window >= c.h2o_budget:
-        raise KVConfigError(
-            "h2o_window", f"h2o_window={c.h2o_window} for method {c.method}: must be below h2o_budget={c.h2o_budget}"
-        )
+    found: list[KVConfigError] = []
+
+    def rule(applies: bool, reads: tuple[str, ...], broken: bool, message: str) -> None:
+        # reads[0] is the setting blamed; the others are what it is compared with.
+        if applies and broken and not any(name in invalid for name in reads):
+            found.append(KVConfigError(reads[0], message))
+
+    rule(
+        c.method == "kivi",
+        ("kivi_residual_length", "kivi_group_size"),
+        c.kivi_residual_length % c.kivi_group_size != 0,
+        f"kivi_residual_length={c.kivi_residual_length} for method kivi: "
+        f"must be a multiple of kivi_group_size={c.kivi_group_size}",
+    )
+    rule(
+        c.method == "qjl",
+        ("qjl_sketch_dim",),
+        c.qjl_sketch_dim % 32 != 0,
+        f"qjl_sketch_dim={c.qjl_sketch_dim} for method qjl: must be a multiple of 32",
+    )
+    rule(
+        c.method in TURBOQUANT,
+        ("turboquant_outlier_channels",),
+        c.turboquant_outlier_channels % 32 != 0,
+        f"turboquant_outlier_channels={c.turboquant_outlier_channels} for method {c.method}: must be a multiple of 32",
+    )
+    rule(
+        policy == "snapkv",
+        ("snapkv_window", "snapkv_budget"),
+        c.snapkv_window > c.snapkv_budget,
+        f"snapkv_window={c.snapkv_window} for method {c.method}: must not exceed snapkv_budget={c.snapkv_budget}",
+    )
+    rule(
+        policy == "snapkv",
+        ("snapkv_kernel",),
+        c.snapkv_kernel % 2 == 0,
+        f"snapkv_kernel={c.snapkv_kernel} for method {c.method}: must be odd",
+    )
+    rule(
+        policy == "knorm",
+        ("knorm_window", "knorm_budget"),
+        c.knorm_window >= c.knorm_budget,
+        f"knorm_window={c.knorm_window} for method {c.method}: must be below knorm_budget={c.knorm_budget}",
+    )
+    rule(
+        policy == "h2o",
+        ("h2o_window", "h2o_budget"),
+        c.h2o_window >= c.h2o_budget,
+        f"h2o_window={c.h2o_window} for method {c.method}: must be below h2o_budget={c.h2o_budget}",
+    )
+    return found
