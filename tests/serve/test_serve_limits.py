@@ -269,3 +269,32 @@ def test_sigterm_mid_generation_exits_promptly() -> None:
         sock.close()
     finally:
         worker.stop()
+
+
+@pytest.mark.parametrize(
+    ("body", "says"),
+    [
+        ({"max_tokens": 5}, "messages"),  # mlx_lm: "Request did not contain messages"
+        ({"messages": [{"role": "user", "content": "hi"}], "max_tokens": -5}, "max_tokens must be at least 1"),
+        ({"messages": [{"role": "user", "content": "hi"}], "top_p": 2}, "top_p must be at most 1"),
+    ],
+    ids=["no-messages", "negative-max-tokens", "top-p-above-1"],
+)
+def test_mlx_lms_own_refusals_come_in_the_openai_error_shape(bounded: Worker, body: dict, says: str) -> None:
+    """mlx_lm answers these itself with {"error": "text"}; clients read error.message everywhere."""
+    status, payload = http_json(f"http://127.0.0.1:{bounded.ready()['port']}/v1/chat/completions", body, timeout=120)
+    assert status == 400, payload
+    error = payload["error"]
+    assert isinstance(error, dict) and says in error["message"], payload
+    assert error["type"] == error["code"] == "invalid_request_error"
+
+
+def test_an_unknown_path_and_a_missing_length_answer_in_the_openai_error_shape(bounded: Worker) -> None:
+    port = bounded.ready()["port"]
+    status, payload = http_json(f"http://127.0.0.1:{port}/v1/nothing-here", {"messages": []}, timeout=120)
+    assert status == 404 and payload["error"]["message"] == "Not Found", payload
+    with socket.create_connection(("127.0.0.1", port), timeout=120) as sock:
+        sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        head, _, body = read_all(sock).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 411"), head
+    assert json.loads(body)["error"]["message"] == "Content-Length header is required", body

@@ -22,6 +22,7 @@ from veloxd.serve.bounds import (
     read_body,
 )
 from veloxd.serve.limits import RequestLimits
+from veloxd.serve.mlx_compat.errors import ShapedWriter
 from veloxd.serve.mlx_compat.generators import CountingGenerator, StoppableGenerator
 from veloxd.serve.mlx_compat.provider import PinnedProvider
 from veloxd.serve.stats import STATS_PATH, RequestStats
@@ -50,10 +51,12 @@ def handler_class(
         def __init__(self, response_generator: Any, *args: Any, **kwargs: Any) -> None:
             self._shared_generator = response_generator
             self._status = 0
+            self._error_status: int | None = None  # set by _set_completion_headers, used by end_headers
             super().__init__(response_generator, *args, **kwargs)
 
         def setup(self) -> None:
             super().setup()
+            self.wfile = ShapedWriter(self.wfile)  # type: ignore[assignment]
             self._reader = HeaderDeadline(self.rfile, self.connection)  # type: ignore[arg-type]
             self.rfile = io.BufferedReader(self._reader)
 
@@ -74,6 +77,16 @@ def handler_class(
         def send_response(self, code: int, message: str | None = None) -> None:
             self._status = code
             super().send_response(code, message)
+
+        def _set_completion_headers(self, status_code: int = 200) -> None:
+            super()._set_completion_headers(status_code)
+            self._error_status = status_code if status_code >= 400 else None
+
+        def end_headers(self) -> None:
+            super().end_headers()  # the headers' own write goes out as is
+            if self._error_status is not None:  # the body comes next: in OpenAI's shape (errors.py)
+                self.wfile.expect(self._error_status)  # type: ignore[attr-defined]
+                self._error_status = None
 
         def _authorized(self) -> bool:
             if api_key is None or self.path == "/health":
