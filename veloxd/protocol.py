@@ -19,6 +19,9 @@ The contract, in one place:
   the state directory): a worker never answers before its figure exists, so READY always
   carries it. The daemon refuses a worker whose READY line is malformed or whose `config`
   differs from the document it was given.
+- **Output lines.** The daemon logs each line a worker writes as `server_output`, at the level the
+  line carries (`line_level`: its WORKER_LOG_FORMAT level name, or a `veloxd serve: warning:` /
+  `error:` account), else info.
 - **Exit codes** (`ExitCode`): 0 a clean stop, 2 invalid input (retrying cannot help), 3 a failure
   worth a restart.
 """
@@ -28,6 +31,7 @@ from __future__ import annotations
 import difflib
 import enum
 import json
+import re
 from pathlib import Path
 from typing import Any, TypedDict
 
@@ -48,12 +52,26 @@ WORKER_PREFIX = "veloxd serve: "
 # How a worker under the daemon logs on stderr (the daemon's log timestamps each line itself).
 WORKER_LOG_FORMAT = "%(levelname)s %(message)s"
 ROUTINE_LOG_LINES = ("DEBUG ", "INFO ")  # progress in that format, never the cause of an exit
+# The level a worker's output line carries: a line in WORKER_LOG_FORMAT (or in the timestamped
+# format of a hand-run worker and of a distributed rank, "<asctime> - LEVEL - ...") or a
+# WORKER_PREFIX account. The daemon logs the line (`server_output`) at it; CRITICAL counts as error.
+_LEVELED_LINE = re.compile(
+    r"^(?:\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} - )?(WARNING|ERROR|CRITICAL)(?: - | )"
+    rf"|^{re.escape(WORKER_PREFIX)}(warning|error): "
+)
 
 
 def last_notable_line(stderr: list[str]) -> str | None:
     """The last stderr line worth showing for why a worker ended: not blank, not routine progress."""
     notable = [line.strip() for line in stderr if line.strip() and not line.startswith(ROUTINE_LOG_LINES)]
     return notable[-1] if notable else None
+
+
+def line_level(line: str) -> str:
+    """ "warning" or "error" for an output line that carries that level (`_LEVELED_LINE`), else "info"."""
+    match = _LEVELED_LINE.match(line)
+    level = (match.group(1) or match.group(2)).lower() if match else "info"
+    return "error" if level == "critical" else level
 
 
 class ExitCode(enum.IntEnum):

@@ -8,7 +8,9 @@ from pathlib import Path
 from tests.config_support import write_config
 from tests.support import run_veloxd
 
-TEXT = "version: 1\nservers:\n  coder:\n    model: ./model\n    port: 8081\n    method: fp16\n    aliases: [assistant]\n"
+TEXT = (
+    "version: 1\nservers:\n  coder:\n    model: ./model\n    port: 8081\n    method: fp16\n    aliases: [assistant]\n"
+)
 WARNING = (
     "{path}:7:5: warning: aliases do nothing without a gateway: block "
     "(only the gateway routes requests by model name) (at $.servers.coder.aliases)"

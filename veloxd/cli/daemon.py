@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TextIO, cast
 
 from veloxd import paths
+from veloxd.cli import daemon_help
 from veloxd.daemon import exitcodes
 from veloxd.service.spec import DEFAULT_LABEL
 
@@ -81,15 +82,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=status)
 
     p = sub.add_parser("reload", help="make the running daemon re-read its config now (as SIGHUP does)")
+    p.description = daemon_help.description("reload")
     state_dir_arg(p)
     p.set_defaults(func=reload)
 
     p = sub.add_parser("restart", help="stop and start one server (also leaves FATAL)")
+    p.description = daemon_help.description("restart")
     p.add_argument("name", help="server name (a key under `servers:`)")
     state_dir_arg(p)
     p.set_defaults(func=restart)
 
     p = sub.add_parser("logs", help="print the daemon's JSON log, optionally one server's lines")
+    p.description = daemon_help.description("logs")
     p.add_argument("--server", metavar="NAME", help="only lines whose `server` is NAME")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
     p.add_argument("--lines", "-n", type=int, metavar="N", help="only the last N matching lines")

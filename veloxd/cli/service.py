@@ -58,18 +58,19 @@ def _label(args: argparse.Namespace) -> str:
     return check_label(args.label or (DEFAULT_UNIT if args.systemd else DEFAULT_LABEL))
 
 
-def _missing_tool(args: argparse.Namespace) -> str | None:
+def _missing_tool(args: argparse.Namespace, command: str) -> str | None:
+    """Why `veloxd COMMAND` cannot run here; the hint names COMMAND, so it can be pasted as is."""
     if args.systemd:
         return None if systemd.available() else "systemctl not found on PATH: --systemd needs a systemd user session"
     if launchctl.available():
         return None
-    return "launchctl not found on PATH: this is not macOS (on Linux, use `veloxd install --systemd`)"
+    return f"launchctl not found on PATH: this is not macOS (on Linux, use `veloxd {command} --systemd`)"
 
 
 def run_install(args: argparse.Namespace) -> int:
     try:
         label = _label(args)
-        missing = None if args.print else _missing_tool(args)
+        missing = None if args.print else _missing_tool(args, "install")
         if missing:
             raise InstallError(missing)
         gathered = gather(label, args.config, args.log_file, args.state_dir)
@@ -99,7 +100,7 @@ def run_install(args: argparse.Namespace) -> int:
 def run_uninstall(args: argparse.Namespace) -> int:
     try:
         label = _label(args)
-        missing = _missing_tool(args)
+        missing = _missing_tool(args, "uninstall")
         if missing:
             raise InstallError(missing)
     except (InstallError, ValueError) as err:

@@ -78,11 +78,11 @@ class WorkerSpawner:
                     pass  # not an event after all: logged as output below
             if grouped:  # `[rank N] ...` from a rank; untagged lines are the launcher's own (rank null)
                 rank, line = split_rank(line)
-                log.info("server_output", pid=pid, rank=rank, stream=stream, line=line)
+                _output(log, line, pid=pid, rank=rank, stream=stream)
                 if rank != 0:
                     return
             else:
-                log.info("server_output", pid=pid, stream=stream, line=line)
+                _output(log, line, pid=pid, stream=stream)
             if stream == "stdout" and protocol.is_ready_line(line):
                 try:
                     inbox.put(m.ReadyLine(name, spawn_id, dict(protocol.parse_ready(line))))
@@ -102,7 +102,7 @@ class WorkerSpawner:
         def on_line(pid: int, stream: str, line: str) -> None:
             payload = parse_line(line) if stream == "stdout" else None
             if payload is None:
-                log.info("server_output", pid=pid, stream=stream, line=line)
+                _output(log, line, pid=pid, stream=stream)
             else:
                 inbox.put(m.DownloadLine(name, spawn_id, payload))
 
@@ -129,6 +129,11 @@ class WorkerSpawner:
             self._inbox.put(m.HealthProbed(name, spawn_id, sequence, health_error(host, port, timeout)))
 
         threading.Thread(target=run, name=f"liveness-{name}", daemon=True).start()
+
+
+def _output(log: Any, line: str, **keys: Any) -> None:
+    """One output line as `server_output`, at the level the line carries (a worker's WARNING is a warning)."""
+    getattr(log, protocol.line_level(line))("server_output", **keys, line=line)
 
 
 def _scrubber(entry: Supervised, env: Mapping[str, str]) -> Callable[[str], str] | None:

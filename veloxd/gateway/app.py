@@ -18,7 +18,7 @@ from typing import Any
 from aiohttp import web
 
 from veloxd.endpoints import connect_host
-from veloxd.gateway import dashboard
+from veloxd.gateway import dashboard, model_ref
 from veloxd.gateway.connections import OVER_CAP
 from veloxd.gateway.events import Accounting, RequestRecord
 from veloxd.gateway.fleet import Fleet, Unavailable
@@ -139,23 +139,10 @@ async def list_models(request: web.Request) -> web.Response:
 
 async def get_model(request: web.Request) -> web.Response:
     fleet = request.app[FLEET]
-    name = fleet.resolve(request.match_info["model"])
-    if name is None:
-        return _unknown_model(fleet, request.match_info["model"])
+    name = model_ref.resolve(fleet, request.match_info["model"])
+    if isinstance(name, web.Response):
+        return name
     return web.json_response(_model_card(request.app, name, fleet.servers[name]))
-
-
-def _unknown_model(fleet: Fleet, model: Any) -> web.Response:
-    names = list(fleet.servers)
-    aliases = sorted(a for server in fleet.servers.values() for a in server.get("aliases") or ())
-    also = f" (aliases: {', '.join(aliases)})" if aliases else ""
-    return error_response(
-        404,
-        f"model {model!r} not found; valid models: {', '.join(names) or 'none'}{also}",
-        "model_not_found",
-        valid=names,
-        aliases=aliases,
-    )
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes | None:
@@ -212,18 +199,13 @@ async def _complete(request: web.Request, record: RequestRecord) -> web.StreamRe
         payload = json.loads(body)
     except ValueError as err:
         return error_response(400, f"request body is not JSON: {err}", "invalid_json")
-    model = payload.get("model") if isinstance(payload, dict) else None
-    if not isinstance(model, str):
-        return error_response(
-            400,
-            f"request has no 'model'; valid models: {', '.join(fleet.servers)}",
-            "model_required",
-            valid=list(fleet.servers),
-        )
+    model = model_ref.requested_model(fleet, payload)
+    if isinstance(model, web.Response):
+        return model
     record.model, record.stream = model, bool(payload.get("stream"))
-    name = fleet.resolve(model)
-    if name is None:
-        return _unknown_model(fleet, model)
+    name = model_ref.resolve(fleet, model)
+    if isinstance(name, web.Response):
+        return name
     record.server = name
     if model != name:  # the worker knows its entry name (--served-name); aliases live only here
         payload["model"] = name

@@ -6,6 +6,16 @@ import os
 from typing import Any
 
 
+def model_ids(model: str) -> list[str]:
+    """The names an entry's `model` may be asked by: the HF id, or a local path and its directory name."""
+    return [model, os.path.basename(model.rstrip("/"))] if model.startswith("/") else [model]
+
+
+def serving(servers: dict[str, Any], model_id: str) -> list[str]:
+    """The entries whose model `model_id` names, in config order."""
+    return [name for name, server in servers.items() if model_id in model_ids(server["model"])]
+
+
 def routing_table(servers: dict[str, Any]) -> dict[str, str]:
     """Model names clients may send: entry names, then aliases, then HF ids / model paths used by one entry only."""
     routes = {name: name for name in servers}
@@ -14,9 +24,7 @@ def routing_table(servers: dict[str, Any]) -> dict[str, str]:
             routes.setdefault(alias, name)
     by_model: dict[str, list[str]] = {}
     for name, server in servers.items():
-        model = server["model"]
-        ids = [model, os.path.basename(model.rstrip("/"))] if model.startswith("/") else [model]
-        for model_id in ids:
+        for model_id in model_ids(server["model"]):
             by_model.setdefault(model_id, []).append(name)
     for model, names in by_model.items():
         if len(names) == 1:

@@ -141,8 +141,13 @@ def kv_config(args: Any) -> KVCacheConfig:
         common["seed"] = args.seed
     try:
         return KVCacheConfig(method=info.name, **common, **overrides)
-    except KVConfigError as err:
-        raise UsageError(f"--method {info.name}: {err}") from None
+    except KVConfigError as err:  # named by the flag that holds the value: the one to change
+        raise UsageError(f"{kv_flag(err.field)}: {err.message}") from None
+
+
+def kv_flag(field: str) -> str:
+    """The hand-typed flag that sets a KVCacheConfig field: --method, --bits, --seed, else --set FIELD."""
+    return f"--{field}" if field == "method" or field in OWN_KEYS else f"--set {field}"
 
 
 def check_port_free(host: str, port: int) -> None:
