@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from veloxd.daemon.exitcodes import server_settled
 from veloxd.daemon.statefile import read_state
 
 REPO = Path(__file__).resolve().parent.parent
@@ -70,9 +71,7 @@ def openai_snippet(base: str, model: str) -> str:
 def settled(state: dict[str, Any] | None) -> bool:
     """The gateway and every `always` server ready; on-demand ones ready or stopped (not yet asked for)."""
     servers = (state or {}).get("servers") or {}
-    return bool(servers) and all(
-        s["state"] == "ready" or (s.get("start") == "on_demand" and s["state"] == "stopped") for s in servers.values()
-    )
+    return bool(servers) and all(server_settled(s) for s in servers.values())
 
 
 def wait_ready(proc: subprocess.Popen, state_dir: Path, timeout: float) -> dict | None:
@@ -105,9 +104,14 @@ def not_ready_text(state: dict[str, Any] | None, log: Path) -> str:
     another process, a missing model), instead of only pointing at the log."""
     lines = [f"veloxd demo: servers are not all ready yet; see {log}"]
     for name, server in ((state or {}).get("servers") or {}).items():
-        if server["state"] == "ready" or (server.get("start") == "on_demand" and server["state"] == "stopped"):
+        if server_settled(server):
             continue
-        why = server.get("waiting_reason") or server.get("fatal_reason") or server.get("last_error")
+        why = (
+            server.get("held_reason")
+            or server.get("waiting_reason")
+            or server.get("fatal_reason")
+            or server.get("last_error")
+        )
         lines.append(f"  {name}: {server['state']}" + (f": {why}" if why else ""))
     return "\n".join(lines)
 

@@ -23,7 +23,12 @@ SETTLED_STATES: Mapping[str, frozenset[str]] = {
 TABLE: tuple[tuple[str, str, int], ...] = (
     ("not running, or never ran with this state directory", "any", EXIT_NOT_RUNNING),
     ("running, but no valid config was ever loaded, or the last reload was refused", "any", EXIT_NOT_READY),
-    ("running", "a server has a restart, stop or start queued (`ready, restart queued`)", EXIT_NOT_READY),
+    (
+        "running",
+        "a server has a restart, stop or start queued (`ready, restart queued`), or a restart held until its "
+        "new settings can start (`ready, restart held: ...`)",
+        EXIT_NOT_READY,
+    ),
     (
         "running",
         "a `start: always` server is not `ready` (`downloading`, `waiting`, `starting`, `backoff`, `fatal`, "
