@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -12,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.config_support import FIELD_CASES, VALID, entry, model_dir, write_config
-from tests.support import REPO, run_reporting_imports
+from tests.support import REPO, free_port, run_reporting_imports
 from veloxd.config import config_to_dict, load_config
 
 LINE = re.compile(r"^(?P<file>.+):(?P<line>\d+):(?P<col>\d+): (?P<message>.+) \(at (?P<path>\$\S*)\)$")
@@ -165,19 +166,60 @@ def test_schema_command_prints_the_checked_in_schema_and_docs() -> None:
     assert done.returncode == 0 and "## KV-cache methods" in done.stdout and "| `kivi` |" in done.stdout
 
 
+def _on_free_ports(text: str) -> tuple[str, int, int]:
+    """VALID's servers moved to ports free right now (8081 and 8082 may be taken on a shared machine)."""
+    coder, chat = free_port(), free_port()
+    return text.replace("port: 8081", f"port: {coder}").replace("port: 8082", f"port: {chat}"), coder, chat
+
+
 def test_plan_without_a_daemon(tmp_path: Path) -> None:
-    path = write_config(tmp_path, VALID)
+    text, coder, chat = _on_free_ports(VALID)
+    path = write_config(tmp_path, text)
     done = veloxd("plan", str(path), "--state-dir", str(tmp_path / "state"))
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == [
         f"plan for {path}: no running daemon found; planning against an empty state",
-        "  + coder                start    (kivi 2-bit on 127.0.0.1:8081)",
-        "  + chat                 start    (h2o on 127.0.0.1:8082)",
+        f"  + coder                start    (kivi 2-bit on 127.0.0.1:{coder})",
+        f"  + chat                 start    (h2o on 127.0.0.1:{chat})",
         "2 to start, 0 to restart, 0 to update, 0 to stop, 0 unchanged",
     ]
 
 
-def _write_daemon_state(state_dir: Path, config_path: Path, alive: bool) -> None:
+def test_plan_names_what_will_wait_or_hold_a_restart(tmp_path: Path) -> None:
+    """A server to start on a port another process holds waits; a ready server moved onto one keeps running."""
+    text, coder, _ = _on_free_ports(VALID)
+    applied = write_config(tmp_path, text, name="applied.yaml")
+    _write_daemon_state(tmp_path / "state", applied, alive=True, servers={"coder": "ready", "chat": "ready"})
+    taken = free_port()
+    edited = text.replace(f"port: {coder}", f"port: {taken}") + (
+        f"  extra:\n    model: {tmp_path / 'not-yet'}\n    port: {free_port()}\n    method: fp16\n"
+    )
+    path = write_config(tmp_path, edited, dedent=False)
+    with socket.socket() as squatter:
+        squatter.bind(("127.0.0.1", taken))
+        squatter.listen()
+        done = veloxd("plan", str(path), "--state-dir", str(tmp_path / "state"))
+        as_json = veloxd("plan", str(path), "--state-dir", str(tmp_path / "state"), "--json")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    added, missing = lines[1:3]
+    assert added.startswith("  + extra ") and missing == (
+        f"      waits while: model path {tmp_path / 'not-yet'} does not exist (yet)"
+    ), lines
+    changed, held = lines[3:5]
+    assert changed == "  ~ coder                restart  (port)", lines
+    assert held.startswith(
+        f"      restart held (it keeps serving as it runs) while: port {taken} on 127.0.0.1 is already in use"
+    ), lines
+    assert lines[-1] == "1 to start, 1 to restart, 0 to update, 0 to stop, 1 unchanged; 2 will wait", lines
+    report = json.loads(as_json.stdout)["conditions"]
+    assert {name: (c["outcome"], [k["kind"] for k in c["conditions"]]) for name, c in report.items()} == {
+        "coder": ("held", ["port"]),
+        "extra": ("waits", ["model_path"]),
+    }
+
+
+def _write_daemon_state(state_dir: Path, config_path: Path, alive: bool, servers: dict[str, str] | None = None) -> None:
     """The state file as the daemon writes it (its own writer and process identity)."""
     from veloxd.daemon.process import process_start_time
     from veloxd.daemon.statefile import write_state
@@ -190,6 +232,7 @@ def _write_daemon_state(state_dir: Path, config_path: Path, alive: bool) -> None
             "daemon": {"running": alive, "pid": os.getpid(), "start_time": process_start_time(os.getpid())},
             "config_path": str(config_path),
             "config": config_to_dict(applied),
+            "servers": {name: {"state": state} for name, state in (servers or {}).items()},
         },
     )
 

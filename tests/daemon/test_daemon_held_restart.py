@@ -15,8 +15,9 @@ from pathlib import Path
 from tests.fixtures.daemon_harness import FAKE_MODEL, DaemonHarness, entry, wait_for
 from tests.fixtures.fake_spawner import make_entry
 from tests.support import free_port, http_json
+from veloxd.config.plan import Plan
 from veloxd.config.world import Condition
-from veloxd.daemon.held import blockers
+from veloxd.daemon.held import blockers, foreseen
 from veloxd.daemon.supervised import Supervised
 
 
@@ -44,6 +45,37 @@ def test_blockers_check_the_port_only_when_it_moves() -> None:
     assert blockers(make_entry("a", 2), make_entry("a", 2, stop_timeout_s=7), no_world, port_check) == []
     # held by one of our servers that the same plan stops (two servers swap ports): not a blocker
     assert blockers(running, make_entry("a", 2), no_world, port_check, freed=frozenset({2})) == []
+
+
+def test_plan_foresees_what_waits_by_the_supervisors_rules() -> None:
+    taken = {3, 4, 5}  # held by some process: 3 and 4 by our servers the plan stops, 5 by a stranger
+
+    def port_check(host: str, port: int) -> str | None:
+        return f"port {port} on {host} is already in use" if port in taken else None
+
+    def missing_model(entry: Supervised) -> list[Condition]:
+        return [Condition("model_path", ("model",), "model path gone")] if entry.name == "lost" else []
+
+    current = {"swap": make_entry("swap", 3), "gone": make_entry("gone", 4), "stays": make_entry("stays", 6)}
+    desired = {
+        "swap": make_entry("swap", 4),  # onto the port of a server the plan stops: free by then
+        "stays": make_entry("stays", 6, stop_timeout_s=9),  # its own port, held by itself
+        "new": make_entry("new", 3),  # onto the port `swap` leaves: free by then
+        "squat": make_entry("squat", 5),  # a stranger holds it
+        "lost": make_entry("lost", 7),
+    }
+    plan = Plan(added=("new", "squat", "lost"), removed=("gone",), changed={"swap": ("port",), "stays": ("model",)})
+    found = foreseen(plan, current, desired, missing_model, port_check)
+    assert {name: [c.kind for c in conditions] for name, conditions in found.items()} == {
+        "squat": ["port"],
+        "lost": ["model_path"],
+    }
+    # the same move with nothing freed: `swap` waits for a port a server of ours holds
+    plan = Plan(changed={"swap": ("port",)}, unchanged=("stays",))
+    only_swap = {"swap": current["swap"], "gone": current["gone"]}
+    assert [
+        c.message for c in foreseen(plan, only_swap, {"swap": desired["swap"]}, missing_model, port_check)["swap"]
+    ] == ["port 4 on 127.0.0.1 is already in use"]
 
 
 def test_a_move_to_a_taken_port_keeps_the_server_until_the_port_is_free(tmp_path: Path) -> None:

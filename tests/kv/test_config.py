@@ -38,6 +38,10 @@ def test_non_default_overrides_round_trip_and_are_reported() -> None:
     ("kwargs", "message"),
     [
         ({"method": "h2o", "kivi_group_size": 64}, "kivi_group_size applies to method kivi, not h2o"),
+        (
+            {"method": "h2o", "affine_group_size": 32},
+            "not h2o; to keep h2o's tokens as affine codes use method h2o_affine",
+        ),
         ({"method": "kivi", "bits": 3}, "bits=3 is not valid for method kivi"),
         ({"method": "affine", "affine_group_size": 48}, "affine_group_size=48 for method affine"),
         ({"method": "snapkv", "snapkv_budget": 0}, "snapkv_budget=0 for method snapkv: must be >= 1"),

@@ -22,7 +22,7 @@ COMMANDS = {
     "methods": "veloxd.cli.methods",
     "check": "veloxd.cli.config",
     "schema": "veloxd.cli.config",
-    "plan": "veloxd.cli.config",
+    "plan": "veloxd.cli.plan",
     "run": "veloxd.cli.daemon",
     "status": "veloxd.cli.daemon",
     "reload": "veloxd.cli.daemon",

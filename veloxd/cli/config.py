@@ -1,15 +1,12 @@
-"""`veloxd check`, `veloxd schema` and `veloxd plan`: argument handling and output only."""
+"""`veloxd check` and `veloxd schema`: argument handling and output only."""
 
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
-from pathlib import Path
 from typing import Any
 
-from veloxd.cli.daemon import state_dir_arg
 from veloxd.paths import CONFIG_DEFAULT, default_config_path, default_state_dir
 
 EXIT_VALID, EXIT_INVALID, EXIT_UNREADABLE = 0, 1, 2
@@ -44,18 +41,6 @@ def register(sub: Any) -> None:
     )
     schema.add_argument("--docs", action="store_true", help="print the Markdown reference tables instead")
     schema.set_defaults(func=run_schema)
-
-    plan = sub.add_parser(
-        "plan",
-        help="show what applying a config would change in the running daemon",
-        description="Compare FILE with the config the running daemon applied (from its "
-        "state file; without a running daemon, with an empty state) and list the servers to "
-        "start, restart, update in place, stop or keep. Changes nothing.",
-    )
-    plan.add_argument("file", nargs="?", metavar="FILE", help=f"config file (default: {CONFIG_DEFAULT})")
-    state_dir_arg(plan)
-    plan.add_argument("--json", action="store_true", help="print the plan as JSON")
-    plan.set_defaults(func=run_plan)
 
 
 def run_check(args: argparse.Namespace) -> int:
@@ -148,103 +133,7 @@ def run_schema(args: argparse.Namespace) -> int:
     return EXIT_VALID
 
 
-def run_plan(args: argparse.Namespace) -> int:
-    from veloxd.config.loader import inspect_config
-    from veloxd.config.plan import diff
-
-    path = args.file or str(default_config_path())
-    result = inspect_config(path)
-    if result.config is None:
-        for issue in result.issues:
-            print(issue, file=sys.stderr)
-        return EXIT_UNREADABLE if result.unreadable else EXIT_INVALID
-    state_dir = args.state_dir or default_state_dir()
-    try:
-        current, against = _applied_config(state_dir)
-    except (OSError, ValueError, KeyError, TypeError) as err:
-        print(f"veloxd plan: cannot read the daemon state in {state_dir}: {err}", file=sys.stderr)
-        return EXIT_UNREADABLE
-    plan = diff(current, _redacted(result.config) if current is not None else result.config)
-    dashboard = _dashboard_change(current.dashboard if current is not None else None, result.config.dashboard)
-    if args.json:
-        print(json.dumps({"file": path, "against": against, **plan.to_dict(), "dashboard": dashboard}, indent=2))
-        return EXIT_VALID
-    print(f"plan for {path}: {against}")
-    entries = result.config.supervised()
-    for name in plan.added:
-        e = entries[name]
-        when = "known    (start: on_demand, on its first request)" if e.start == "on_demand" else "start   "
-        print(f"  + {name:<20} {when} ({_method_text(e)} on {e.host}:{e.port})")
-    for name, keys in plan.changed.items():
-        print(f"  ~ {name:<20} restart  ({', '.join(keys)})")
-    for name, keys in plan.updated.items():
-        print(f"  ~ {name:<20} update   ({', '.join(keys)})")
-    for name in plan.removed:
-        print(f"  - {name:<20} stop")
-    for name in plan.unchanged:
-        print(f"  = {name:<20} unchanged")
-    if dashboard is not None:
-        block = result.config.dashboard
-        where = f"({block.host}:{block.port})" if block is not None else ""
-        sign = {"start": "+", "restart": "~", "stop": "-", "unchanged": "="}[dashboard]
-        print(f"  {sign} {'(dashboard)':<20} {dashboard:<8} {where}".rstrip())
-    acted = dashboard if dashboard in ("start", "restart", "stop") else None
-    print(plan.summary() + (f"; the dashboard to {acted}" if acted else ""))
-    if result.config.gateway is not None:  # the memory budget is the gateway's
-        from veloxd.daemon.memory import offline_table, render_table
-
-        print()
-        print("\n".join(render_table(offline_table(result.config, state_dir))))
-    return EXIT_VALID
-
-
-def _dashboard_change(old: Any, new: Any) -> str | None:
-    """What a reload does to the dashboard process: start, restart, stop, unchanged (None: there is none)."""
-    if old is None and new is None:
-        return None
-    if old is None:
-        return "start"
-    if new is None:
-        return "stop"
-    return "unchanged" if old == new else "restart"
-
-
-def _redacted(config: Any) -> Any:
-    """The file's config with secrets redacted as the state file has them, so they compare equal."""
-    from veloxd.config.roundtrip import config_from_dict, config_to_dict
-    from veloxd.config.secrets import redact_config
-
-    return config_from_dict(redact_config(config_to_dict(config)))
-
-
-def _applied_config(state_dir: Path) -> tuple[Any, str]:
-    """The config the running daemon applied (from its state file), and a note saying what was compared."""
-    from veloxd.config.roundtrip import config_from_dict
-
-    state = _optional("veloxd.daemon.statefile", "read_state", "veloxd.daemon.state")
-    state = state(state_dir) if state else None
-    alive = _optional("veloxd.daemon.views", "daemon_alive")
-    if not state or not state.get("config") or (alive is not None and not alive(state)):
-        return None, "no running daemon found; planning against an empty state"
-    current = config_from_dict(state["config"])
-    return current, f"against the config the running daemon applied ({state.get('config_path') or current.source})"
-
-
-def _optional(module_name: str, attribute: str, *fallbacks: str) -> Any:
-    """`module.attribute` from the first of the daemon's modules that has it; None before they exist."""
-    for name in (module_name, *fallbacks):
-        try:
-            module = importlib.import_module(name)
-        except ModuleNotFoundError as err:
-            if err.name not in (name, "veloxd.daemon"):
-                raise
-            continue
-        if hasattr(module, attribute):
-            return getattr(module, attribute)
-    return None
-
-
-def _method_text(entry: Any) -> str:
+def method_text(entry: Any) -> str:
     from veloxd.kv import registry
 
     if entry.method not in registry.names():  # the gateway
@@ -280,5 +169,5 @@ def _servers_line(config: Any) -> str:
     servers = config.servers
     if not servers:
         return "no servers"
-    listed = ", ".join(f"{name} ({_method_text(e)} on {e.host}:{e.port})" for name, e in servers.items())
+    listed = ", ".join(f"{name} ({method_text(e)} on {e.host}:{e.port})" for name, e in servers.items())
     return f"{len(servers)} server{'s' if len(servers) != 1 else ''}: {listed}"

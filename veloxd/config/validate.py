@@ -12,11 +12,11 @@ from jsonschema.exceptions import ValidationError
 from veloxd.checks import SIZE_HELP, SIZE_PATTERN, did_you_mean
 from veloxd.config.errors import ConfigIssue, json_path, one_line, short_repr
 from veloxd.config.model import VERSION
-from veloxd.config.refusals import not_applicable
 from veloxd.config.schema import default_schema
 from veloxd.config.yaml_nodes import Span
 from veloxd.kv import registry
 from veloxd.kv.config import OWN_KEYS, override_fields_for, owners, settings
+from veloxd.kv.refusals import not_applicable
 
 YAML11_BOOLEANS = ("yes", "no", "on", "off", "y", "n")
 _EXPECTED = {
@@ -138,7 +138,7 @@ def _unknown_key(path: tuple, name: str, allowed: list[str], data: Any) -> str:
         if name in OWN_KEYS:
             return f"{name} is a key of the server entry, not an override"
         if name in kv_fields and method and method not in owners(name):
-            return not_applicable(name, method)
+            return not_applicable(name, method, owners(name))
         valid = list(override_fields_for(method)) if method else [n for n in kv_fields if n not in OWN_KEYS]
         hint = did_you_mean(name, valid)
         if not hint:
@@ -163,7 +163,7 @@ def _value_message(err: ValidationError, path: tuple, value: Any, data: Any) -> 
     for_method = f" for method {method}" if method and path[2:3] == ("overrides",) else ""
     key = path[-1] if path else None
     if kind == "not" and key in OWN_KEYS and method:
-        return not_applicable(key, method, value)
+        return not_applicable(key, method, owners(key), value)
     if kind == "enum" and key == "method" and len(path) == 3:
         return registry.unknown_method(str(value))
     if kind == "enum" and key == "bits" and len(path) == 3:

@@ -12,9 +12,10 @@ The decision is pure (`blockers`, given the world check); the supervisor keeps t
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
+from veloxd.config.plan import Plan
 from veloxd.config.world import Condition, entry_conditions, port_problem
 from veloxd.daemon.state import recheck_delay
 from veloxd.daemon.supervised import Supervised
@@ -40,6 +41,31 @@ def blockers(
     moved = (desired.host, desired.port) != (running.host, running.port)
     if moved and desired.port not in freed and (problem := port_check(desired.host, desired.port)):
         found.append(Condition("port", ("port",), problem))
+    return found
+
+
+def foreseen(
+    plan: Plan,
+    current: Mapping[str, Supervised],
+    desired: Mapping[str, Supervised],
+    check: WorldCheck = world_without_port,
+    port_check: Callable[[str, int], str | None] = port_problem,
+) -> dict[str, list[Condition]]:
+    """What `veloxd plan` foresees, per server the plan starts or restarts: the conditions that
+    will make it wait (an added server) or hold its restart (a changed one), by the rules the
+    supervisor applies, with the ports of the servers the plan stops or restarts counted free."""
+    freed = frozenset(current[n].port for n in [*plan.removed, *plan.changed] if n in current)
+    found: dict[str, list[Condition]] = {}
+    for name in plan.changed:
+        if conditions := blockers(current[name], desired[name], check, port_check, freed):
+            found[name] = conditions
+    for name in plan.added:
+        entry = desired[name]
+        conditions = list(check(entry))
+        if entry.port not in freed and (problem := port_check(entry.host, entry.port)):
+            conditions.append(Condition("port", ("port",), problem))
+        if conditions:
+            found[name] = conditions
     return found
 
 

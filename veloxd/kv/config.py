@@ -14,10 +14,10 @@ from typing import Any
 from veloxd.checks import did_you_mean
 from veloxd.kv import config_rules, registry
 from veloxd.kv.config_rules import TURBOQUANT, KVConfigError
+from veloxd.kv.refusals import OWN_KEYS
 
 # Settings with their own key in a veloxd.yaml entry (and their own `veloxd serve` flag); every
 # other setting of a method goes in its `overrides` mapping (or `--set FIELD=VALUE`).
-OWN_KEYS = ("bits", "seed")
 SEEDED = (*registry.with_hybrids("affine"), "turboquant_mse", "turboquant_prod", "qjl")
 # The per-token codecs whose queries meet exact keys (QJL's queries are sketch projections: none).
 WINDOWED = ("affine", "turboquant_mse", "turboquant_prod")

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from veloxd.kv import registry
+from veloxd.kv.refusals import not_applicable
 
 TURBOQUANT = ("turboquant_mse", "turboquant_prod")
 
@@ -34,8 +35,7 @@ def check_setting(f: dataclasses.Field, value: Any, method: str) -> None:
     if isinstance(value, bool) != (kind is bool) or not isinstance(value, kind):
         raise KVConfigError(f.name, f"{f.name} must be {kind.__name__}, not {type(value).__name__} {value!r}")
     if method not in meta["methods"] and value != f.default:
-        owners_text = ", ".join(meta["methods"]) or "no method"
-        raise KVConfigError(f.name, f"{f.name} applies to method {owners_text}, not {method}")
+        raise KVConfigError(f.name, not_applicable(f.name, method, meta["methods"], value))
     if meta["choices"] is not None and value not in meta["choices"]:
         raise KVConfigError(f.name, f"{f.name}={value!r} for method {method}: choose one of {list(meta['choices'])}")
     if meta["minimum"] is not None and value < meta["minimum"]:

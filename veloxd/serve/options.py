@@ -18,6 +18,7 @@ from veloxd import protocol
 from veloxd.checks import SIZE_HELP, host_problem, is_loopback, parse_size, resolve_model
 from veloxd.kv import registry
 from veloxd.kv.config import OWN_KEYS, KVCacheConfig, KVConfigError, field_named, fields_for, parse_value
+from veloxd.kv.refusals import not_applicable
 from veloxd.serve.limits import RequestLimits
 
 
@@ -80,8 +81,7 @@ def parse_overrides(items: list[str], method: str) -> dict[str, Any]:
         except KVConfigError as err:
             raise UsageError(f"--set {name}: {err}") from None
         if name not in fields_for(method):
-            owners = ", ".join(field_named(name).metadata["methods"])
-            raise UsageError(f"--set {name}: {name} applies to method {owners}, not {method}")
+            raise UsageError(f"--set {name}: {not_applicable(name, method, field_named(name).metadata['methods'])}")
         if name in overrides:
             raise UsageError(f"--set {name} given twice")
         try:
@@ -137,7 +137,7 @@ def kv_config(args: Any) -> KVCacheConfig:
         common["bits"] = args.bits
     if args.seed is not None:
         if "seed" not in fields_for(info.name):
-            raise UsageError(f"--seed: method {info.name} uses no random seed")
+            raise UsageError(f"--seed: {not_applicable('seed', info.name, field_named('seed').metadata['methods'])}")
         common["seed"] = args.seed
     try:
         return KVCacheConfig(method=info.name, **common, **overrides)
