@@ -17,7 +17,7 @@ from tests.fixtures.fake_spawner import make_entry
 from tests.support import free_port, http_json
 from veloxd.config.plan import Plan
 from veloxd.config.world import Condition
-from veloxd.daemon.held import blockers, foreseen
+from veloxd.daemon.held import blockers, foreseen, holds
 from veloxd.daemon.supervised import Supervised
 
 
@@ -65,7 +65,7 @@ def test_plan_foresees_what_waits_by_the_supervisors_rules() -> None:
         "lost": make_entry("lost", 7),
     }
     plan = Plan(added=("new", "squat", "lost"), removed=("gone",), changed={"swap": ("port",), "stays": ("model",)})
-    found = foreseen(plan, current, desired, missing_model, port_check)
+    found = foreseen(plan, current, desired, {"swap", "stays"}, missing_model, port_check)
     assert {name: [c.kind for c in conditions] for name, conditions in found.items()} == {
         "squat": ["port"],
         "lost": ["model_path"],
@@ -73,9 +73,34 @@ def test_plan_foresees_what_waits_by_the_supervisors_rules() -> None:
     # the same move with nothing freed: `swap` waits for a port a server of ours holds
     plan = Plan(changed={"swap": ("port",)}, unchanged=("stays",))
     only_swap = {"swap": current["swap"], "gone": current["gone"]}
-    assert [
-        c.message for c in foreseen(plan, only_swap, {"swap": desired["swap"]}, missing_model, port_check)["swap"]
-    ] == ["port 4 on 127.0.0.1 is already in use"]
+    found = foreseen(plan, only_swap, {"swap": desired["swap"]}, {"swap"}, missing_model, port_check)
+    assert [c.message for c in found["swap"]] == ["port 4 on 127.0.0.1 is already in use"]
+
+
+def test_holding_one_restart_holds_the_one_moving_onto_its_port() -> None:
+    """a (ready on 3) moves to 5, which a stranger holds: held, it keeps 3; so b (ready on 4),
+    moving onto 3, is held too (it would otherwise stop and wait for a port a keeps), and c,
+    moving onto b's 4, in turn; d moves onto a port nobody holds and goes ahead."""
+    taken = {3, 4, 5, 6}
+
+    def port_check(host: str, port: int) -> str | None:
+        return f"port {port} on {host} is already in use" if port in taken else None
+
+    def no_world(entry: Supervised) -> list[Condition]:
+        return []
+
+    running = {"a": make_entry("a", 3), "b": make_entry("b", 4), "c": make_entry("c", 6), "d": make_entry("d", 7)}
+    desired = {"a": make_entry("a", 5), "b": make_entry("b", 3), "c": make_entry("c", 4), "d": make_entry("d", 8)}
+    stopped_ports = {name: entry.port for name, entry in running.items()}
+    found = holds(running, desired, stopped_ports, no_world, port_check)
+    assert {name: [c.message for c in conditions] for name, conditions in found.items()} == {
+        "a": ["port 5 on 127.0.0.1 is already in use"],
+        "b": ["port 3 on 127.0.0.1 is already in use"],
+        "c": ["port 4 on 127.0.0.1 is already in use"],
+    }
+    # the stranger gone, the three move along the chain as one plan: nothing held
+    taken.discard(5)
+    assert holds(running, desired, stopped_ports, no_world, port_check) == {}
 
 
 def test_a_move_to_a_taken_port_keeps_the_server_until_the_port_is_free(tmp_path: Path) -> None:

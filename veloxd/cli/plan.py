@@ -48,8 +48,9 @@ def run_plan(args: argparse.Namespace) -> int:
         return EXIT_UNREADABLE
     plan = diff(current, _redacted(result.config) if current is not None else result.config)
     entries = result.config.supervised()
-    blocked = foreseen(plan, current.supervised() if current is not None else {}, entries)
-    outcome = {name: "held" if states.get(name) == "ready" else "waits" for name in blocked}
+    serving = {name for name, state in states.items() if state == "ready"}
+    blocked = foreseen(plan, current.supervised() if current is not None else {}, entries, serving)
+    outcome = {name: "held" if name in serving and name in plan.changed else "waits" for name in blocked}
     dashboard = _dashboard_change(current.dashboard if current is not None else None, result.config.dashboard)
     if args.json:
         conditions = {

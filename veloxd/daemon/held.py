@@ -12,7 +12,7 @@ The decision is pure (`blockers`, given the world check); the supervisor keeps t
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 
 from veloxd.config.plan import Plan
@@ -44,22 +44,49 @@ def blockers(
     return found
 
 
+def holds(
+    serving: Mapping[str, Supervised],
+    desired: Mapping[str, Supervised],
+    stopped_ports: Mapping[str, int],
+    check: WorldCheck = world_without_port,
+    port_check: Callable[[str, int], str | None] = port_problem,
+) -> dict[str, list[Condition]]:
+    """The restarts to hold, and why: of the changed servers now serving (`serving`: the entries
+    they run), those whose `desired` settings cannot start. `stopped_ports` are the ports of the
+    servers the plan stops or restarts; a held server keeps its port, so holding one can hold
+    another that was to move onto it (looked at again until nothing more is held)."""
+    held: dict[str, list[Condition]] = {}
+    while True:
+        freed = frozenset(port for name, port in stopped_ports.items() if name not in held)
+        more = {
+            name: conditions
+            for name, running in serving.items()
+            if name not in held and (conditions := blockers(running, desired[name], check, port_check, freed))
+        }
+        if not more:
+            return held
+        held.update(more)
+
+
 def foreseen(
     plan: Plan,
     current: Mapping[str, Supervised],
     desired: Mapping[str, Supervised],
+    serving: Collection[str],
     check: WorldCheck = world_without_port,
     port_check: Callable[[str, int], str | None] = port_problem,
 ) -> dict[str, list[Condition]]:
     """What `veloxd plan` foresees, per server the plan starts or restarts: the conditions that
-    will make it wait (an added server) or hold its restart (a changed one), by the rules the
-    supervisor applies, with the ports of the servers the plan stops or restarts counted free."""
-    freed = frozenset(current[n].port for n in [*plan.removed, *plan.changed] if n in current)
-    found: dict[str, list[Condition]] = {}
-    for name in plan.changed:
-        if conditions := blockers(current[name], desired[name], check, port_check, freed):
-            found[name] = conditions
-    for name in plan.added:
+    will hold its restart (a changed server in `serving`) or make it wait (any other), by the
+    supervisor's rules: the ports of the servers the plan stops or restarts count free, except
+    those of held servers."""
+    stopped_ports = {n: current[n].port for n in [*plan.removed, *plan.changed] if n in current}
+    ready = {n: current[n] for n in plan.changed if n in serving and n in current}
+    found = holds(ready, desired, stopped_ports, check, port_check)
+    freed = frozenset(port for name, port in stopped_ports.items() if name not in found)
+    for name in [*plan.changed, *plan.added]:
+        if name in found:
+            continue
         entry = desired[name]
         conditions = list(check(entry))
         if entry.port not in freed and (problem := port_check(entry.host, entry.port)):

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from veloxd.daemon import messages as m
-from veloxd.daemon.held import Held, blockers, held, still_held
+from veloxd.daemon.held import Held, blockers, held, holds, still_held
 from veloxd.daemon.server import ServerProcess
 from veloxd.daemon.spawner import Spawner
 from veloxd.daemon.state import ServerState
@@ -89,27 +89,23 @@ class Supervisor:
         """Hold the restart of every changed READY server whose new settings cannot start yet."""
         for name in [*plan.removed, *plan.changed]:
             self.held.pop(name, None)  # removed, or changed again: decided afresh below
-        stopping = [self.servers[n] for n in [*plan.removed, *plan.changed] if n in self.servers]
-        freed = frozenset(s.entry.port for s in stopping if s.state is not ServerState.STOPPED)
-        holding = set()
-        for name in plan.changed:
-            server = self.servers.get(name)
-            if server is None or server.state is not ServerState.READY:
-                continue  # nothing serving to keep: the new settings start (or wait) as usual
-            conditions = blockers(server.entry, desired[name], freed=freed)
-            if conditions:
-                holding.add(name)
-                self.held[name] = hold = held(desired[name], conditions, lane, now)
-                self.changes.bump()
-                self._log.warning(
-                    "server_restart_held",
-                    server=name,
-                    pid=server.pid,
-                    reason=hold.reason,
-                    conditions=[c.to_dict() for c in conditions],
-                    recheck_s=round(hold.recheck_at - now, 3),
-                )
-        return holding
+        stopping = {n: self.servers[n] for n in [*plan.removed, *plan.changed] if n in self.servers}
+        stopped_ports = {n: s.entry.port for n, s in stopping.items() if s.state is not ServerState.STOPPED}
+        # nothing serving to keep otherwise: the new settings start (or wait) as usual
+        serving = {n: s.entry for n, s in stopping.items() if n in plan.changed and s.state is ServerState.READY}
+        holding = holds(serving, desired, stopped_ports)
+        for name, conditions in holding.items():
+            self.held[name] = hold = held(desired[name], conditions, lane, now)
+            self.changes.bump()
+            self._log.warning(
+                "server_restart_held",
+                server=name,
+                pid=self.servers[name].pid,
+                reason=hold.reason,
+                conditions=[c.to_dict() for c in conditions],
+                recheck_s=round(hold.recheck_at - now, 3),
+            )
+        return set(holding)
 
     def _release_held(self, now: float) -> None:
         """Restart a held server once its new settings can start, or at once once it stopped serving."""
