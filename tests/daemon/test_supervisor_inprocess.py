@@ -343,3 +343,37 @@ def test_the_dashboard_runs_under_the_same_supervisor_in_a_lane_that_does_not_wa
     assert shown is not None and shown["state"] == "starting" and "pending" not in shown
     sidecar.apply(None, 5.0)
     assert state_of(dashboard) is S.STOPPING
+
+
+def test_a_high_max_failures_is_reached_and_failures_outside_the_window_are_forgotten(
+    supervisor: Supervisor, spawner: FakeSpawner, events: list[EventDict]
+) -> None:
+    """max_failures may be up to 1000: the count must reach it (it once stopped at 65), and
+    failures older than window_s no longer count (nor are they kept)."""
+    restart = {"max_failures": 100, "window_s": 86400, "backoff_initial_s": 1.0, "backoff_max_s": 1.0}
+    a = make_entry("a", free_port(), restart=restart)
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    server, now = supervisor.servers["a"], 0.0
+    for crash in range(1, 101):
+        spawn_id, child = spawner.latest("a")
+        child.returncode = 1
+        now += 1.0
+        supervisor.on_message(m.ChildExited("a", spawn_id, 1), now)
+        if crash < 100:
+            assert state_of(server) is S.BACKOFF, crash
+            now += 1.0
+            supervisor.tick(now)
+    assert state_of(server) is S.FATAL
+    fatal = [e for e in events if e["event"] == "server_fatal"]
+    assert [e["failures"] for e in fatal] == [100], fatal
+
+    # a day later, 2 crashes count as 2, not 102
+    b = make_entry("b", free_port(), restart={**restart, "window_s": 60})
+    supervisor.apply(diff(config_of(a), config_of(a, b)), {"a": a, "b": b}, now=now)
+    server = supervisor.servers["b"]
+    for at in (now + 1, now + 1000):
+        spawn_id, child = spawner.latest("b")
+        child.returncode = 1
+        supervisor.on_message(m.ChildExited("b", spawn_id, 1), at)
+        assert state_of(server) is S.BACKOFF and len(server.failures) == 1, server.failures
+        supervisor.tick(at + 1.0)

@@ -24,6 +24,7 @@ from veloxd.daemon.state import (
     GiveUp,
     ServerState,
     after_failure,
+    failures_in_window,
     recheck_delay,
     transition,
 )
@@ -416,8 +417,10 @@ class ServerProcess:
 
     # ---- helpers ----------------------------------------------------------------------
     def _fail(self, now: float, reason: str, unfixable: str | None, detail: str | None = None, **event: Any) -> None:
-        decision = after_failure(self.failures, now, self.entry.restart, unfixable)
-        self.failures = [*self.failures, now][-64:]
+        policy = self.entry.restart
+        decision = after_failure(self.failures, now, policy, unfixable)
+        # Those the window still counts: bounded by max_failures, as FATAL follows at that count.
+        self.failures = [*failures_in_window(self.failures, now, policy.window_s), now]
         if isinstance(decision, GiveUp):
             why = decision.reason if unfixable is not None or detail is None else f"{decision.reason}; last: {detail}"
             self._give_up(why, failures=decision.failures, failure=reason, **event)
