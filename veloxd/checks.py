@@ -62,6 +62,14 @@ def parse_size(value: int | str) -> int:
     return size
 
 
+def size_text(n: int) -> str:
+    """`n` bytes in the unit rule's shortest exact form (what parse_size reads back): '32Mi', '2G', '100'."""
+    for suffix, factor in sorted(SIZE_FACTORS.items(), key=lambda item: -item[1]):
+        if factor > 1 and n % factor == 0:
+            return f"{n // factor}{suffix[0].upper()}{suffix[1:]}"
+    return str(n)
+
+
 def gib(n: int | float | None) -> str:
     """Bytes as people read them in a table: '1.50 GiB', '12.0 MiB'."""
     if n is None:

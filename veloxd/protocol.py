@@ -106,7 +106,7 @@ class ReadyPayload(TypedDict, total=False):
     endpoints: dict[str, str]
     kv_bytes_per_token: dict[str, Any]  # short form of kv_memory: bytes per token and the ratio at 4k
     kv_memory: dict[str, Any]  # fixed bytes, bytes per token (measured), totals at 4k/32k/max (derived);
-    # a group's: the sum over its ranks (`group_kv_memory`), each rank's own in distributed.ranks[].kv_memory
+    # a group's: the sum over its ranks (veloxd.distributed.kv_figures), each rank's own in distributed.ranks[].kv_memory
     distributed: dict[str, Any]  # a distributed group only: parallelism, world size, idle, per-rank figures
     # (ranks: [{rank, pid, host, kv_bytes_per_token, kv_memory, layer_caches, load_s}])
     memory: dict[str, Any]  # loaded weight bytes, Metal's recommended working set: the gateway's admission
@@ -171,34 +171,6 @@ def config_mismatch(asked: dict[str, Any], echoed: Any) -> str | None:
 
 
 _MISSING = object()
-
-
-# ---- a distributed group's KV figure ------------------------------------------------------
-def group_kv_memory(figures: list[dict[str, Any]]) -> dict[str, Any]:
-    """A group's `kv_memory` from each rank's (same shape as one worker's): bytes summed over the
-    ranks, ratios recomputed from the sums, labelled as a sum (`summed_over_ranks`, `source`)."""
-    first = figures[0]
-
-    def summed(key: str, digits: int | None) -> dict[str, Any]:
-        return {kind: round(sum(f[key][kind] for f in figures), digits) for kind in ("method", "fp16")}
-
-    at: dict[str, Any] = {}
-    for n in first["at"]:
-        method, fp16 = (sum(f["at"][n][kind] for f in figures) for kind in ("method", "fp16"))
-        at[n] = {"method": method, "fp16": fp16, "ratio": round(method / fp16, 4) if fp16 else None}
-    caps = sorted({cap for f in figures for cap in f.get("eviction_cap_tokens") or []})
-    capped = [f["capped_bytes"] for f in figures if f.get("capped_bytes") is not None]
-    return {
-        **first,
-        "fixed_bytes": summed("fixed_bytes", None),
-        "bytes_per_token": summed("bytes_per_token", 1),
-        "eviction_cap_tokens": caps or None,
-        "capped_bytes": sum(capped) if capped else None,
-        "at": at,
-        "summed_over_ranks": len(figures),
-        "source": f"sum over {len(figures)} ranks of each rank's kv_memory (distributed.ranks[].kv_memory), "
-        f"each {first.get('source', 'measured')}",
-    }
 
 
 # ---- the entry document (--entry-json) -----------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 from veloxd.config.sections import Distributed
 from veloxd.daemon.views import render_status
 from veloxd.distributed.command import group_status
-from veloxd.protocol import group_kv_memory
+from veloxd.distributed.kv_figures import group_kv_memory
 
 HOSTS = ("127.0.0.1", "10.0.0.2")
 

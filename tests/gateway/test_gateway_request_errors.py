@@ -78,11 +78,22 @@ def test_a_huge_non_string_model_is_shown_shortened(gateway: dict[str, Any]) -> 
     assert len(message) < 120 and message.endswith("...)")
 
 
-@pytest.mark.parametrize("body", [b"[]", b'[{"model": "one"}]', b'"one"', b"5", b"null"])
-def test_a_body_that_is_not_an_object_is_named_as_such(gateway: dict[str, Any], body: bytes) -> None:
+@pytest.mark.parametrize(
+    ("body", "kind"),
+    [
+        (b"[]", "array"),
+        (b'[{"model": "one"}]', "array"),
+        (b'"one"', "string"),
+        (b"5", "integer"),  # JSON Schema's names, as veloxd's other messages about JSON use
+        (b"5.5", "number"),
+        (b"true", "boolean"),
+        (b"null", "null"),
+    ],
+)
+def test_a_body_that_is_not_an_object_is_named_as_such(gateway: dict[str, Any], body: bytes, kind: str) -> None:
     status, answer = post(gateway["base"], "/v1/completions", body)
     assert status == 400 and answer["error"]["code"] == "invalid_body", answer
-    assert answer["error"]["message"].startswith("the request body must be a JSON object (got a JSON ")
+    assert answer["error"]["message"] == f"the request body must be a JSON object (got a JSON {kind})"
 
 
 def test_a_body_without_model_still_lists_the_valid_names(gateway: dict[str, Any]) -> None:

@@ -4,7 +4,7 @@ For every method, at GQA ratios 1 to 16 and head dimensions 64 to 128 (80 only f
 methods: the quantizers pack in 32-element groups and refuse it before load):
 - one decode step over a cache of several blocks gives the same attention output as the previous
   path, the online softmax over 128-key blocks (a multiple of every KIVI group), computed here by
-  forcing that block size;
+  setting that block size as the cache's `decode_block` (None when serving);
 - the decode step's output graph (built lazily, counted with mx.export_to_dot before evaluation)
   has the same number of operations at three cache lengths (up to an elided slice), so its work per step is a constant
   number of MLX operations, not one per key block. Lloyd-Max TurboQuant is the stated exception
@@ -23,7 +23,6 @@ import pytest
 from veloxd.kv import KVCacheConfig, registry
 from veloxd.kv.base import LayerSpec
 from veloxd.kv.factory import cache_class
-from veloxd.kv.ops import blockwise
 
 N_KV = 2
 CONTEXT = 300  # 3 blocks of the 128-key reference (the last one partial), one pass for the decode step
@@ -46,10 +45,18 @@ CASES += [pytest.param(m, 4, 128, UNIFORM, id=f"{m}-uniform") for m in ("turboqu
 
 
 def filled(
-    method: str, n_q: int, d: int, fields: dict[str, Any], context: int = CONTEXT, dtype: mx.Dtype = mx.float16
+    method: str,
+    n_q: int,
+    d: int,
+    fields: dict[str, Any],
+    context: int = CONTEXT,
+    dtype: mx.Dtype = mx.float16,
+    decode_block: int | None = None,
 ) -> Any:
-    """A cache holding `context` tokens, filled as a server would: prefill chunks, each attended."""
+    """A cache holding `context` tokens, filled as a server would: prefill chunks, each attended;
+    its one-query reads in `decode_block` key blocks (None: the method's own, as when serving)."""
     cache = cache_class(method)(KVCacheConfig(method=method, **fields), LayerSpec(0, 1))
+    cache.decode_block = decode_block
     key = mx.random.key(3)
     for start in range(0, context, 128):
         n = min(128, context - start)
@@ -70,22 +77,13 @@ def step(n_q: int, d: int, dtype: mx.Dtype = mx.float16) -> tuple[mx.array, mx.a
     return queries, keys, values
 
 
-def blocked_key_block(L: int, length: int, block: int = blockwise.DEFAULT_BLOCK, decode_block: Any = None) -> int:
-    """The previous decode path: a one-query step read in fixed key blocks (online softmax)."""
-    return REFERENCE_BLOCK if L == 1 else block
-
-
 @pytest.mark.parametrize(("method", "gqa", "d", "fields"), CASES)
-def test_one_pass_decode_equals_the_blocked_path(
-    method: str, gqa: int, d: int, fields: dict[str, Any], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_one_pass_decode_equals_the_blocked_path(method: str, gqa: int, d: int, fields: dict[str, Any]) -> None:
     n_q = N_KV * gqa
     queries, keys, values = step(n_q, d)
     outs = []
-    for blocked in (False, True):
-        if blocked:
-            monkeypatch.setattr(blockwise, "key_block", blocked_key_block)
-        cache = filled(method, n_q, d, fields)  # the same tokens and decisions for both runs
+    for decode_block in (None, REFERENCE_BLOCK):  # the one pass, then the previous path: fixed key blocks
+        cache = filled(method, n_q, d, fields, decode_block=decode_block)  # the same tokens and decisions
         cache.update_and_fetch(keys, values)
         out = cache.attend(queries, d**-0.5, None)
         mx.eval(out, cache.arrays())
@@ -126,6 +124,25 @@ def test_decode_step_operations_do_not_grow_with_context(
     # equal up to a slice or pad MLX elides when it covers a whole buffer (spare capacity or none);
     # a per-block read would add a dozen operations per 128 keys
     assert max(sizes) - min(sizes) <= 2, f"decode graph sizes {sizes} at 300 and 1300 tokens"
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_a_decode_block_set_on_the_cache_reads_the_step_in_key_blocks(method: str, tmp_path: Path) -> None:
+    """What the comparison above relies on: the cache's `decode_block` reaches the attention. The
+    block loop evaluates each of its 3 blocks (300 tokens) as it goes, leaving only the final
+    normalization lazy; the method's own read is one lazy graph of the whole step, far larger (the
+    block loop goes first: constants a first step builds lazily count against it)."""
+    n_q, d = N_KV * 4, 64
+    queries, keys, values = step(n_q, d, mx.float32)
+    sizes = []
+    for decode_block in (REFERENCE_BLOCK, None):
+        cache = filled(method, n_q, d, {}, CONTEXT, mx.float32, decode_block)
+        cache.update_and_fetch(keys, values)
+        mx.eval(cache.arrays())
+        out = cache.attend(queries, d**-0.5, None)  # built, not evaluated
+        sizes.append(graph_size(out, tmp_path / "step.dot"))
+        mx.eval(out)
+    assert sizes[0] < sizes[1], f"decode graph sizes {sizes}: {REFERENCE_BLOCK}-key blocks, then the method's read"
 
 
 def test_lloyd_max_decode_reads_bounded_blocks() -> None:

@@ -6,12 +6,14 @@
   affine group size (32, 64, 128) before load, so it has no case here.
 - the cases where the window does not cover its W positions (after a trim, in a left-padded
   batch, with the window longer than the context) against the block loop's overlay path
-  (veloxd.kv.ops.blockwise with 16-key blocks), which reads the window slot by slot.
+  (veloxd.kv.ops.blockwise with 16-key blocks: the cache's `decode_block`), which reads the window
+  slot by slot.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import mlx.core as mx
@@ -21,7 +23,6 @@ from tests.kv.support import merged
 from veloxd.kv import KVCacheConfig
 from veloxd.kv.base import LayerSpec, VeloxCache
 from veloxd.kv.factory import cache_class
-from veloxd.kv.ops import blockwise
 from veloxd.kv.quant.affine import AffineCodec
 from veloxd.kv.quant.tokenbatch import TokenQuantBatchCache
 from veloxd.kv.quant.tokencache import TokenQuantCache
@@ -95,21 +96,26 @@ def test_affine_decode_with_window_equals_an_explicit_reference(gqa: int, d: int
     assert mx.allclose(got, want, atol=2e-3, rtol=2e-2).item(), mx.abs(got - want).max().item()
 
 
-def blocked_key_block(L: int, length: int, block: int = blockwise.DEFAULT_BLOCK, decode_block: Any = None) -> int:
-    """The block loop's decode: 16-key blocks (fewer than any context here), the window read as an overlay."""
-    return 16 if L == 1 else block
+# The block loop's decode: 16-key blocks (fewer than any context here), the window read as an overlay.
+BLOCK_LOOP = 16
 
 
-def both_paths(make: Callable[[], C], step: Callable[[C], mx.array], monkeypatch: pytest.MonkeyPatch) -> list[mx.array]:
-    """The decode output of the one-pass path, then of the block loop, on equal fresh caches."""
-    outs = []
-    for blocked in (False, True):
-        if blocked:
-            monkeypatch.setattr(blockwise, "key_block", blocked_key_block)
-        out = step(make())
+def both_paths(make: Callable[[], C], step: Callable[[C], mx.array], dot: Path) -> list[mx.array]:
+    """The decode output of the one-pass path and of the block loop, on equal fresh caches. The
+    block loop did run: it evaluates each block as it goes, so the graph left to evaluate (written
+    to `dot`) is only its final normalization, smaller than the one pass's whole lazy read. The
+    block loop goes first: constants a first step builds lazily (rotations) count against it."""
+    outs, sizes = [], []
+    for decode_block in (BLOCK_LOOP, None):
+        cache = make()
+        cache.decode_block = decode_block  # None: the one pass, as when serving
+        out = step(cache)
+        mx.export_to_dot(str(dot), out)
+        sizes.append(dot.read_text().count("shape=rectangle"))
         mx.eval(out)
         outs.append(out.astype(mx.float32))
-    return outs
+    assert sizes[0] < sizes[1], f"decode graph sizes {sizes}: {BLOCK_LOOP}-key blocks, then one pass"
+    return outs[::-1]
 
 
 METHODS = ["affine", "turboquant_mse", "qjl"]
@@ -117,7 +123,7 @@ UNIFORM = {"turboquant_mse": {"turboquant_codebook": "uniform"}}  # its one-pass
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_decode_after_a_trim_reads_rolled_out_slots_from_codes(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_after_a_trim_reads_rolled_out_slots_from_codes(method: str, tmp_path: Path) -> None:
     n_q, d = 8, 128
     queries, keys, values = one_token(1, n_q, d)
 
@@ -126,12 +132,14 @@ def test_decode_after_a_trim_reads_rolled_out_slots_from_codes(method: str, monk
         cache.update_and_fetch(keys, values)
         return cache.attend(queries, d**-0.5, None)
 
-    got, want = both_paths(lambda: filled(config(method, d, **UNIFORM.get(method, {})), n_q, d), step, monkeypatch)
+    got, want = both_paths(
+        lambda: filled(config(method, d, **UNIFORM.get(method, {})), n_q, d), step, tmp_path / "step.dot"
+    )
     assert mx.allclose(got, want, atol=2e-3, rtol=2e-2).item(), mx.abs(got - want).max().item()
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_batched_decode_with_left_padding_matches_the_block_loop(method: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_batched_decode_with_left_padding_matches_the_block_loop(method: str, tmp_path: Path) -> None:
     n_q, d = 8, 128
     cfg = config(method, d, **UNIFORM.get(method, {}))
     queries, keys, values = one_token(2, n_q, d)
@@ -146,12 +154,12 @@ def test_batched_decode_with_left_padding_matches_the_block_loop(method: str, mo
         cache.update_and_fetch(keys, values)
         return cache.attend(queries, d**-0.5, mask)
 
-    got, want = both_paths(make, step, monkeypatch)
+    got, want = both_paths(make, step, tmp_path / "step.dot")
     assert got.shape == (2, n_q, 1, d)
     assert mx.allclose(got, want, atol=2e-3, rtol=2e-2).item(), mx.abs(got - want).max().item()
 
 
-def test_decode_with_a_window_longer_than_the_context(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_decode_with_a_window_longer_than_the_context(tmp_path: Path) -> None:
     n_q, d = 4, 64
     queries, keys, values = one_token(1, n_q, d)
 
@@ -162,5 +170,5 @@ def test_decode_with_a_window_longer_than_the_context(monkeypatch: pytest.Monkey
     def make() -> TokenQuantCache:  # 21 tokens: every one read exactly
         return filled(config("affine", d), n_q, d, context=20)
 
-    got, want = both_paths(make, step, monkeypatch)
+    got, want = both_paths(make, step, tmp_path / "step.dot")
     assert mx.allclose(got, want, atol=2e-3, rtol=2e-2).item(), mx.abs(got - want).max().item()

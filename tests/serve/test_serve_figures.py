@@ -17,7 +17,8 @@ import pytest
 from veloxd import protocol
 from veloxd.kv import KVCacheConfig
 from veloxd.kv.factory import native_caches
-from veloxd.kv.footprint import PROBE_STEP, fp16_lines, kvcache_bytes, measure
+from veloxd.kv.footprint import fp16_lines, kvcache_bytes, measure
+from veloxd.kv.ops.packing import CAPACITY_STEP
 from veloxd.serve.options import ServeOptions
 from veloxd.serve.wiring import wire_caches
 from veloxd.serve.worker import kept_figure
@@ -51,7 +52,7 @@ def test_fp16_reference_is_the_kvcache_formula_and_equals_a_filled_kvcache(model
     per_token = args.num_hidden_layers * 2 * args.num_key_value_heads * args.head_dim * itemsize
     assert sum(line.per_token for line in lines) == per_token
     for n in LENGTHS:
-        expected = per_token * PROBE_STEP * -(-n // PROBE_STEP)
+        expected = per_token * CAPACITY_STEP * -(-n // CAPACITY_STEP)
         assert kvcache_bytes(lines, n) == expected == filled(model, n), n
 
 

@@ -12,6 +12,7 @@ import select
 import signal
 import socket
 import struct
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -298,3 +299,34 @@ def test_an_unknown_path_and_a_missing_length_answer_in_the_openai_error_shape(b
         head, _, body = read_all(sock).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.0 411"), head
     assert json.loads(body)["error"]["message"] == "Content-Length header is required", body
+
+
+def test_a_request_to_a_worker_whose_model_failed_to_load_gets_503_server_error(tmp_path: Path) -> None:
+    """The worker's own 503 is the server's fault: type server_error (veloxd/openai_errors.py), as the
+    gateway's 5xx. In-process, the worker's HTTP server and generation thread on a real socket: a
+    whole worker exits as soon as its generation thread dies, before a waiting request is answered."""
+    from veloxd.serve.mlx_compat.generators import generation_thread
+    from veloxd.serve.mlx_compat.handler import handler_class
+    from veloxd.serve.mlx_compat.httpd import ServerHandle
+    from veloxd.serve.mlx_compat.provider import PinnedProvider, model_names, server_args
+
+    broken = tmp_path / "broken-model"
+    broken.mkdir()
+    (broken / "config.json").write_text("{}")  # no model_type: mlx_lm's load raises on the generation thread
+    model_id, names = model_names(str(broken))
+    provider = PinnedProvider(server_args(model=str(broken)), names, on_loaded=lambda model, tokenizer: False)
+    port = free_port()
+    handle = ServerHandle("127.0.0.1", port, provider, handler_class(model_id, names, api_key=None))
+    server = threading.Thread(target=handle.serve_forever, daemon=True)
+    server.start()
+    try:
+        generation_thread(handle.generator).join(LOAD_S)
+        assert not handle.generator.generation_available()
+        body = {"model": model_id, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+        status, reply = http_json(f"http://127.0.0.1:{port}/v1/chat/completions", body, timeout=120)
+    finally:
+        handle.httpd.shutdown()
+        handle.close(join_timeout=10)
+        server.join(10)
+    assert status == 503, reply
+    assert reply["error"] == {"message": "the model failed to load", "type": "server_error", "code": "server_error"}

@@ -44,8 +44,15 @@ from tests.support import run_reporting_imports, run_veloxd
             "--prompt-cache-bytes 'lots': expected an integer number of bytes or a string like '512M' or '2G'",
         ),
         (["--max-body-bytes", "0"], "--max-body-bytes '0': expected"),
-        (["--limit-max-prompt-tokens", "0"], "--limit-max-prompt-tokens 0: must be >= 1"),
-        (["--request-body-timeout", "0"], "--request-body-timeout 0.0: must be > 0 seconds"),
+        (["--limit-max-prompt-tokens", "0"], "--limit-max-prompt-tokens 0: must be between 1 and 16777216"),
+        (["--limit-max-tokens", "16777217"], "--limit-max-tokens 16777217: must be between 1 and 16777216"),
+        (["--request-body-timeout", "0"], "--request-body-timeout 0.0: must be > 0 and <= 3600"),
+        (["--request-body-timeout", "3601"], "--request-body-timeout 3601.0: must be > 0 and <= 3600"),
+        # the bounds of veloxd.yaml's schema (sampling.*, prompt_cache.size), not looser ones
+        (["--temp", "2.5"], "--temp 2.5: must be between 0 and 2"),
+        (["--temp", "-1"], "--temp -1.0: must be between 0 and 2"),
+        (["--prompt-cache-size", "0"], "--prompt-cache-size 0: must be between 1 and 100000"),
+        (["--max-tokens", "1048577"], "--max-tokens 1048577: must be between 1 and 1048576"),
         (["--host", "bad host!"], "--host 'bad host!' is not a host name or IP address"),
         (
             ["--kv-json", '{"method": "kivi", "kivi_group_size": 48}'],

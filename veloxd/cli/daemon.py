@@ -31,6 +31,8 @@ def state_dir_arg(p: argparse.ArgumentParser) -> None:
 
 
 def register(sub: argparse._SubParsersAction) -> None:
+    from veloxd.daemon.logs import LOG_FORMATS  # here: `plan` and `web` import this module for state_dir_arg only
+
     p = sub.add_parser(
         "run",
         help="run the daemon in the foreground: one supervised server per config entry",
@@ -42,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--log-file", type=Path, help=f"JSON-lines log, size-rotated (default {paths.default_log_file()})")
     p.add_argument(
         "--log-format",
-        choices=("auto", "console", "json"),
+        choices=LOG_FORMATS,
         default="auto",
         help="how events are printed on stdout: console (readable lines; colors on a terminal unless NO_COLOR "
         "is set), json (the log file's lines), auto (console on a terminal, nothing otherwise; default). "

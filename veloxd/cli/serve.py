@@ -7,10 +7,13 @@ import os
 import sys
 
 from veloxd import protocol
+from veloxd.checks import size_text
 from veloxd.kv import registry
 from veloxd.kv.config import override_fields_for
 from veloxd.serve.limits import RequestLimits
 from veloxd.serve.options import PARALLELISMS, ServeOptions
+
+BODY_HELP = f"largest request body, e.g. 64Mi; larger ones get 413 (default {size_text(RequestLimits.max_body_bytes)})"
 
 
 def document_help() -> str:
@@ -79,9 +82,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="seconds a client has to send its request body (slower: 408) and, in total, its headers "
         f"(default {RequestLimits.body_timeout_s:g})",
     )
-    p.add_argument(
-        "--max-body-bytes", metavar="SIZE", help="largest request body, e.g. 32Mi; larger ones get 413 (default 32Mi)"
-    )
+    p.add_argument("--max-body-bytes", metavar="SIZE", help=BODY_HELP)
     p.add_argument(
         "--api-key-env", metavar="VAR", help="require 'Authorization: Bearer $VAR' on every request but /health"
     )

@@ -7,6 +7,7 @@ import dataclasses
 
 from veloxd import paths
 from veloxd.cli.daemon import state_dir_arg
+from veloxd.config.sections import Dashboard
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -17,10 +18,21 @@ def register(sub: argparse._SubParsersAction) -> None:
         "The daemon starts this for the `dashboard:` block of veloxd.yaml; run by hand only to debug it.",
     )
     state_dir_arg(p)  # the daemon's own flag: the dashboard reads the state of the daemon it names
-    p.add_argument("--host", default="127.0.0.1", help="loopback address to bind (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8090, help="port to bind (default 8090)")
-    p.add_argument("--interval-s", type=float, default=1.0, help="seconds between samples (default 1)")
-    p.add_argument("--history", type=int, default=900, help="samples kept for the charts (default 900)")
+    # The defaults are the `dashboard:` block's (veloxd.config.sections.Dashboard).
+    p.add_argument("--host", default=Dashboard.host, help=f"loopback address to bind (default {Dashboard.host})")
+    p.add_argument("--port", type=int, default=Dashboard.port, help=f"port to bind (default {Dashboard.port})")
+    p.add_argument(
+        "--interval-s",
+        type=float,
+        default=Dashboard.interval_s,
+        help=f"seconds between samples (default {Dashboard.interval_s:g})",
+    )
+    p.add_argument(
+        "--history",
+        type=int,
+        default=Dashboard.history,
+        help=f"samples kept for the charts (default {Dashboard.history})",
+    )
     p.add_argument("--api-key-env", metavar="NAME", help="environment variable holding the bearer token for actions")
     p.add_argument("--lifeline-fd", type=int, help=argparse.SUPPRESS)
     p.set_defaults(func=run)

@@ -23,7 +23,6 @@ from veloxd.config.source import SourceProblem, read_source
 from veloxd.config.validate import locate, schema_issues
 from veloxd.config.world import entry_conditions
 from veloxd.config.yaml_nodes import YamlProblem, parse
-from veloxd.distributed.checks import port_conflicts
 
 
 @dataclass
@@ -120,6 +119,8 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
     for name, message in endpoint_conflicts(endpoints):
         where = ("gateway", "port") if name == GATEWAY_NAME else ("servers", name, "port")
         issues.append(locate(file, spans, where, message))
+    from veloxd.distributed.checks import port_conflicts  # here: it imports veloxd.config.sections
+
     for name, message in port_conflicts(raw_servers):
         issues.append(locate(file, spans, ("servers", name, "distributed", "port"), message))
     dashboard = None
@@ -171,7 +172,7 @@ def _endpoints(raw_servers: dict[str, Any]) -> dict[str, tuple[str, int]]:
     for name, raw in raw_servers.items():
         if not isinstance(raw, dict):
             continue
-        host, port = raw.get("host", "127.0.0.1"), raw.get("port")
+        host, port = raw.get("host", ServerEntry.host), raw.get("port")
         if isinstance(host, str) and isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
             out[name] = (host, port)
     return out

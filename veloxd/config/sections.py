@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from veloxd import entry_bounds
 from veloxd.checks import SIZE_HELP
 from veloxd.config.keys import (
     API_KEY_ENV_SCHEMA,
@@ -23,17 +24,17 @@ class Sampling:
     temp: float = key(
         0.0,
         help="Sampling temperature for requests that set none; 0 is greedy.",
-        schema={"type": "number", "minimum": 0, "maximum": 2},
+        schema=entry_bounds.TEMP,
     )
     top_p: float = key(
         1.0,
         help="Nucleus-sampling top-p for requests that set none; 1 keeps every token.",
-        schema={"type": "number", "minimum": 0, "maximum": 1},
+        schema=entry_bounds.TOP_P,
     )
     max_tokens: int = key(
         512,
         help="Maximum tokens generated for requests that set no limit.",
-        schema={"type": "integer", "minimum": 1, "maximum": 1 << 20},
+        schema=entry_bounds.MAX_TOKENS,
     )
 
 
@@ -42,7 +43,7 @@ class PromptCache:
     size: int = key(
         10,
         help="Distinct prompt KV caches kept for reuse across requests.",
-        schema={"type": "integer", "minimum": 1, "maximum": 100000},
+        schema=entry_bounds.PROMPT_CACHE_SIZE,
     )
     bytes: int | None = size_key(
         None,
@@ -56,22 +57,22 @@ class Limits:
         None,
         help="Most tokens one request may generate; a request asking for more "
         'gets this many (finish_reason "length"). null: the model\'s context length.',
-        schema={"type": ["integer", "null"], "minimum": 1, "maximum": 1 << 24},
+        schema=entry_bounds.REQUEST_TOKENS,
     )
     max_prompt_tokens: int | None = key(
         None,
         help="Longest prompt accepted, in tokens; a longer one gets HTTP 400 "
         "naming both numbers, before any prefill. null: the model's context length.",
-        schema={"type": ["integer", "null"], "minimum": 1, "maximum": 1 << 24},
+        schema=entry_bounds.REQUEST_TOKENS,
     )
     request_body_timeout_s: float = key(
-        30.0,
+        entry_bounds.REQUEST_BODY_TIMEOUT_S,
         help="Seconds a client has to send a request's body (a slower one gets 408), and, in "
         "total, its request line and headers (a slower one is disconnected).",
-        schema=seconds(3600),
+        schema=entry_bounds.REQUEST_BODY_TIMEOUT,
     )
     max_body_bytes: int = size_key(
-        32 * 2**20,
+        entry_bounds.MAX_BODY_BYTES,
         help=f"Largest request body accepted ({SIZE_HELP}); a larger Content-Length gets 413 before anything is read.",
     )
 
@@ -157,7 +158,7 @@ class Distributed:
         help="tensor: every rank holds a share of every layer's heads; pipeline: "
         "every rank holds a run of layers (method fp16, models with pipeline support and a "
         "sharded checkpoint index only).",
-        schema={"type": "string", "enum": ["tensor", "pipeline"]},
+        schema=entry_bounds.PARALLELISM,
     )
     port: int = key(
         32323,

@@ -13,7 +13,8 @@ from veloxd.checks import host_problem, is_loopback, parse_size, resolve_model
 from veloxd.config.keys import size_paths
 from veloxd.config.kv_checks import kv_error_path, kv_problems
 from veloxd.config.model import ServerEntry
-from veloxd.config.sections import RestartPolicy
+from veloxd.config.sections import Dashboard, RestartPolicy
+from veloxd.endpoints import WILDCARDS
 from veloxd.kv.config import KVConfigError
 
 Problems = list[tuple[tuple, str]]  # (path inside the entry, message)
@@ -75,7 +76,7 @@ def endpoint_conflicts(endpoints: dict[str, tuple[str, int]]) -> list[tuple[str,
 def check_dashboard(raw: dict[str, Any], servers: dict[str, tuple[str, int]]) -> Problems:
     """The `dashboard:` block: loopback only (it shows logs unauthenticated), a port of its own."""
     problems: Problems = []
-    host, port = raw.get("host", "127.0.0.1"), raw.get("port", 8090)
+    host, port = raw.get("host", Dashboard.host), raw.get("port", Dashboard.port)
     if not is_loopback(host):
         problems.append(
             (
@@ -101,7 +102,7 @@ def _same_address(a: str, b: str) -> bool:
         except ValueError:
             return host
 
-    return norm(a) == norm(b) or norm(a) in ("0.0.0.0", "::") or norm(b) in ("0.0.0.0", "::")
+    return norm(a) == norm(b) or norm(a) in WILDCARDS or norm(b) in WILDCARDS
 
 
 def _resolve_model(text: str, base_dir: Path, report: Report) -> str:
@@ -145,7 +146,7 @@ def check_sizes(data: dict[str, Any], cls: type, bad_keys: AbstractSet[str], rep
 
 
 def _check_host(data: dict[str, Any], report: Report) -> None:
-    host = data.get("host", "127.0.0.1")
+    host = data.get("host", ServerEntry.host)
     problem = host_problem(host)
     if problem:
         report(("host",), f"host={problem}")

@@ -32,7 +32,6 @@ class Liveness:
     failures: int = 0
     in_flight: int | None = None  # the sequence number of the probe running now
     sequence: int = 0
-    last_error: str | None = None
 
 
 def on_ready(now: float, policy: HealthPolicy) -> Liveness:
@@ -59,7 +58,7 @@ def probe_finished(live: Liveness, sequence: int, error: str | None, now: float,
     if sequence != live.in_flight:
         return live
     failures = 0 if error is None else live.failures + 1
-    return replace(live, in_flight=None, failures=failures, last_error=error, next_probe_at=now + policy.interval_s)
+    return replace(live, in_flight=None, failures=failures, next_probe_at=now + policy.interval_s)
 
 
 def rescheduled(live: Liveness, now: float, policy: HealthPolicy) -> Liveness:

@@ -15,7 +15,7 @@ import sys
 import threading
 from collections import deque
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
 import structlog
 
@@ -26,8 +26,8 @@ FIXED_KEYS = ("timestamp", "level", "event", "logger")
 MAX_BYTES = 10 * 1024 * 1024
 BACKUPS = 5
 RECENT_EVENTS = 2000  # kept in memory for the dashboard's log tail
-LOG_FORMATS = ("auto", "console", "json")
 LogFormat = Literal["auto", "console", "json"]
+LOG_FORMATS: tuple[LogFormat, ...] = get_args(LogFormat)  # `veloxd run --log-format`'s choices
 
 
 def _file_handlers() -> list[ReopeningFileHandler]:

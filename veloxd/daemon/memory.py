@@ -9,7 +9,8 @@ need = weights + KV bytes of one sequence at the context limit x concurrency, wh
   remembered per model, method and bits in the state directory (measurements.json); unmeasured:
   counted as 0 until measured. Bytes per token alone would bill an eviction method for a context
   it never holds;
-- context tokens: the model's `max_position_embeddings` (config.json), else 4096;
+- context tokens: the context length the model's config.json states (veloxd.model_config: the
+  worker's rule, text_config of a wrapper model included), else DEFAULT_CONTEXT (4096);
 - concurrency: the entry's `concurrency` (the gateway never forwards more requests at once).
 """
 
@@ -26,10 +27,11 @@ from typing import Any
 from veloxd.checks import gib
 from veloxd.daemon.statefile import read_state
 from veloxd.files import write_json_atomic
+from veloxd.model_config import stated_context_length
 
 MEASUREMENTS_FILE = "measurements.json"  # in the state directory, next to state.json
 BUDGET_FRACTION = 0.75  # of physical memory: the OS, the daemon and the gateway keep the rest
-DEFAULT_CONTEXT = 4096
+DEFAULT_CONTEXT = 4096  # tokens billed for a model whose config states no context length
 WEIGHT_SUFFIXES = (".safetensors", ".npz", ".gguf", ".bin")
 
 
@@ -92,8 +94,8 @@ def context_tokens(model: str) -> int:
         config = json.loads((directory / "config.json").read_text()) if directory else {}
     except (OSError, ValueError):
         config = {}
-    value = config.get("max_position_embeddings") if isinstance(config, dict) else None
-    return value if isinstance(value, int) and value > 0 else DEFAULT_CONTEXT
+    stated = stated_context_length(config) if isinstance(config, dict) else None
+    return DEFAULT_CONTEXT if stated is None else stated
 
 
 def entry_need(entry: Any, measured: Mapping[str, Any] | None) -> Need:

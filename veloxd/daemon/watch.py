@@ -39,10 +39,6 @@ class Debounce:
         self._last = now
         self._pokes += 1
 
-    @property
-    def pending(self) -> bool:
-        return self._first is not None
-
     def deadline(self) -> float | None:
         if self._first is None:
             return None

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from veloxd.config.sections import Distributed
 from veloxd.distributed.hostfile import Rank, parse_hostfile, ranks_from_hosts
 
 LOCAL = "127.0.0.1"  # the one name MLX's launcher starts without ssh
@@ -51,7 +52,7 @@ def check_distributed(data: dict[str, Any], base_dir: Path, report: Report) -> N
     if (hosts is None) == (hostfile is None):
         report(where, "distributed needs exactly one of hosts (a list of addresses) or hostfile (an MLX hostfile)")
         return
-    backend = block.get("backend", "ring")
+    backend = block.get("backend", Distributed.backend)
     if hostfile is not None:
         path = Path(os.path.normpath(base_dir / os.path.expanduser(hostfile)))
         block["hostfile"] = str(path)
@@ -84,7 +85,9 @@ def check_distributed(data: dict[str, Any], base_dir: Path, report: Report) -> N
         report(where + ("parallelism",), PIPELINE_NEEDS_FP16)
     if data.get("adapter_path") is not None:
         report(where, "mlx_lm loads no LoRA adapter on a sharded model: remove adapter_path or distributed")
-    _check_model_shards(str(data.get("model", "")), len(ranks), block.get("parallelism", "tensor"), at, report)
+    _check_model_shards(
+        str(data.get("model", "")), len(ranks), block.get("parallelism", Distributed.parallelism), at, report
+    )
 
 
 def _check_ranks(ranks: list[Rank], backend: str, at: tuple, listed: bool, report: Report) -> None:
@@ -172,7 +175,7 @@ def port_conflicts(raw_servers: dict[str, Any]) -> list[tuple[str, str]]:
         block = raw.get("distributed") if isinstance(raw, dict) else None
         if not isinstance(block, dict) or not isinstance(block.get("hosts"), list):
             continue
-        first = block.get("port", 32323)
+        first = block.get("port", Distributed.port)
         if not isinstance(first, int):
             continue
         last = first + len(block["hosts"]) - 1

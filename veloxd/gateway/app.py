@@ -177,7 +177,7 @@ async def completion(request: web.Request) -> web.StreamResponse:
 
 async def _complete(request: web.Request, record: RequestRecord) -> web.StreamResponse:
     fleet = request.app[FLEET]
-    limit = int(fleet.settings.get("max_body_bytes") or CLIENT_MAX_SIZE)
+    limit = int(setting(fleet.settings, "max_body_bytes"))
     body_timeout_s = float(setting(fleet.settings, "body_timeout_s"))
     try:
         async with asyncio.timeout(body_timeout_s):

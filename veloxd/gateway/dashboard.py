@@ -23,6 +23,7 @@ from typing import Any
 from aiohttp import web
 
 from veloxd.daemon.control import DaemonUnreachable
+from veloxd.daemon.state import ServerState
 from veloxd.gateway.fleet import Fleet, Unavailable
 from veloxd.gateway.proxy import error_response
 from veloxd.web.app import add_routes
@@ -83,7 +84,7 @@ async def start_now(fleet: Fleet, name: str) -> dict[str, Any]:
     if refused is not None:
         return refused
     state = fleet.servers[name]["state"]
-    if state not in ("stopped", "stopping") or fleet.start_pending(name):
+    if state not in (ServerState.STOPPED.value, ServerState.STOPPING.value) or fleet.start_pending(name):
         return {"ok": True, "state": state, "already": True}
     fleet.slot(name).last_used = fleet.clock()  # idle_unload_s counts from this start, as from a request
     try:
@@ -93,7 +94,7 @@ async def start_now(fleet: Fleet, name: str) -> dict[str, Any]:
     except DaemonUnreachable as err:
         return {"ok": False, "error": str(err)}
     # `already`: the gateway's view was behind the daemon's (a start was under way or done).
-    return {"ok": True, "state": "starting", "already": bool(answer.get("already"))}
+    return {"ok": True, "state": ServerState.STARTING.value, "already": bool(answer.get("already"))}
 
 
 async def unload_now(fleet: Fleet, name: str) -> dict[str, Any]:

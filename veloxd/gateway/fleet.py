@@ -20,14 +20,18 @@ from typing import Any
 from veloxd.daemon.client import DaemonClient
 from veloxd.daemon.control import DaemonUnreachable
 from veloxd.daemon.longpoll import MAX_WAIT_S
+from veloxd.daemon.state import ServerState
 from veloxd.gateway import admission
 from veloxd.gateway.events import emit
+from veloxd.gateway.limits import setting
 from veloxd.gateway.routing import routing_table
 from veloxd.gateway.tally import GatewayTally
 
 VIEW_WAIT_S = MAX_WAIT_S  # one long poll; the daemon answers sooner when its view changes
 RETRY_S = 1.0  # after the daemon could not be reached or refused to hold a view request
-DEFAULT_START_TIMEOUT_S = 300.0
+# The gateway's own state beside the daemon's (ServerState values, as its view carries them): a ready
+# server that refused a connection, until the next view.
+UNREACHABLE = "unreachable"
 
 
 class Unavailable(Exception):
@@ -48,7 +52,7 @@ class Slot:
     last_used: float
     in_flight: int = 0  # forwarded, or waiting (for a start or a concurrency slot)
     forwarding: int = 0  # holding a concurrency slot: in_flight - forwarding are queued
-    state: str = "stopped"
+    state: str = ServerState.STOPPED.value
     unloading: bool = False
 
 
@@ -104,12 +108,15 @@ class Fleet:
                 # The same Slot keeps counting (requests in flight hold it and decrement it when they
                 # end); only new requests queue on the new semaphore, those holding the old one finish.
                 slot.limit, slot.semaphore = limit, asyncio.Semaphore(limit)
-            if server["state"] != slot.state and server["state"] in ("starting", "ready"):
+            if server["state"] != slot.state and server["state"] in (
+                ServerState.STARTING.value,
+                ServerState.READY.value,
+            ):
                 slot.last_used = max(slot.last_used, now)  # idle time counts from the (re)start
             slot.state = server["state"]
-            if slot.state in ("stopped", "stopping"):
+            if slot.state in (ServerState.STOPPED.value, ServerState.STOPPING.value):
                 slot.unloading = False
-            if slot.state != "stopped" or self._pending.get(name, now) < now:
+            if slot.state != ServerState.STOPPED.value or self._pending.get(name, now) < now:
                 self._pending.pop(name, None)
         for gone in set(self.slots) - set(servers):
             del self.slots[gone]
@@ -134,8 +141,8 @@ class Fleet:
         """A connection to `name` was refused: not ready, whatever the last view said, until the next
         one, which is asked for at once (the daemon's view may not change: a worker alive but refusing)."""
         server = self.servers.get(name)
-        if server is not None and server["state"] == "ready":
-            self.view["servers"][name] = {**server, "state": "unreachable"}
+        if server is not None and server["state"] == ServerState.READY.value:
+            self.view["servers"][name] = {**server, "state": UNREACHABLE}
             self.etag = None
             if self._recheck is None or self._recheck.done():
                 self._recheck = asyncio.ensure_future(self._refresh_quietly())
@@ -156,7 +163,7 @@ class Fleet:
             await self.refresh()
         while True:
             server = self.servers.get(name) or {}
-            if server.get("pid") != pid or server.get("state") != "ready":
+            if server.get("pid") != pid or server.get("state") != ServerState.READY.value:
                 self.mark_unreachable(name)
                 return True
             remaining = until - self.clock()
@@ -183,11 +190,11 @@ class Fleet:
         self.usage_changed.set()
 
     def start_timeout_s(self) -> float:
-        return float(self.settings.get("start_timeout_s") or DEFAULT_START_TIMEOUT_S)
+        return float(setting(self.settings, "start_timeout_s"))
 
     async def ensure_ready(self, name: str, deadline: float) -> None:
         """Return once `name` is ready; Unavailable if it cannot be by `deadline` (monotonic)."""
-        if self.servers.get(name, {}).get("state") == "ready":
+        if self.servers.get(name, {}).get("state") == ServerState.READY.value:
             return
         task = self._starts.get(name)
         if task is None or task.done():
@@ -203,7 +210,7 @@ class Fleet:
     async def _bring_up(self, name: str) -> None:
         """Start `name` if it is a stopped on-demand server, then wait until the view shows it ready."""
         server = self.servers.get(name) or {}
-        if server.get("state") == "stopped" and not self.start_pending(name):
+        if server.get("state") == ServerState.STOPPED.value and not self.start_pending(name):
             await self.admit_and_start(name)
         while True:
             # Taken before any await below: a view that arrives while we ask the daemon to start wakes us.
@@ -212,19 +219,19 @@ class Fleet:
             if server is None:
                 raise Unavailable(f"server '{name}' was removed from the config")
             state = server["state"]
-            if state == "ready":
+            if state == ServerState.READY.value:
                 return
-            if state == "fatal":
+            if state == ServerState.FATAL.value:
                 raise Unavailable(
                     f"server '{name}' failed and is stopped (fatal): {server.get('fatal_reason')}", state=state
                 )
-            if state == "waiting":  # a condition of the world (port taken, model not there): say it now
+            if state == ServerState.WAITING.value:  # a condition of the world (port taken, no model): say it now
                 raise Unavailable(
                     f"server '{name}' is waiting: {server.get('waiting_reason')}; retry later",
                     retry_after_s=5,
                     state=state,
                 )
-            if state == "stopped" and not self.start_pending(name):
+            if state == ServerState.STOPPED.value and not self.start_pending(name):
                 if server.get("start") != "on_demand":
                     raise Unavailable(f"server '{name}' is stopped", retry_after_s=5, state=state)
                 await self.admit_and_start(name)  # unloaded meanwhile: start it again
@@ -259,7 +266,8 @@ class Fleet:
                 self.tally.admitted(name)
                 for victim in decision.unload:
                     self.tally.unloaded(victim, "admission")
-            if answer.get("state") in ("stopped", "stopping"):  # stops first (victims, an unload); the start follows
+            # Stops first (victims, an unload); the start follows.
+            if answer.get("state") in (ServerState.STOPPED.value, ServerState.STOPPING.value):
                 self._pending[name] = self.clock() + self.start_timeout_s()
             return answer
 
@@ -271,7 +279,7 @@ class Fleet:
         """Every server holding memory (not stopped, or about to start), with the gateway's usage facts."""
         out = []
         for name, server in self.servers.items():
-            if server["state"] == "stopped" and name not in self._pending:
+            if server["state"] == ServerState.STOPPED.value and name not in self._pending:
                 continue
             slot = self.slots.get(name)
             out.append(

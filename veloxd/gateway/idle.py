@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 
 from veloxd.daemon.control import DaemonUnreachable
+from veloxd.daemon.state import ServerState
 from veloxd.gateway import admission
 from veloxd.gateway.events import emit
 from veloxd.gateway.fleet import RETRY_S, Fleet
@@ -37,7 +38,9 @@ async def unload_when_idle(fleet: Fleet) -> None:
 def unloadable(fleet: Fleet) -> list[admission.Resident]:
     """Ready servers the gateway has not asked to unload yet."""
     return [
-        r for r in fleet.residents() if fleet.servers[r.name]["state"] == "ready" and not fleet.slot(r.name).unloading
+        r
+        for r in fleet.residents()
+        if fleet.servers[r.name]["state"] == ServerState.READY.value and not fleet.slot(r.name).unloading
     ]
 
 

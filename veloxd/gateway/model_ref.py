@@ -11,6 +11,7 @@ from aiohttp import web
 from veloxd.gateway.fleet import Fleet
 from veloxd.gateway.proxy import error_response
 from veloxd.gateway.routing import serving
+from veloxd.openai_errors import json_kind
 
 SHOWN_CHARS = 60  # a huge value must not become a huge message
 
@@ -19,7 +20,7 @@ def requested_model(fleet: Fleet, payload: Any) -> str | web.Response:
     """The body's `model` string, or the 400 naming what is wrong with the body or the field."""
     if not isinstance(payload, dict):
         return error_response(
-            400, f"the request body must be a JSON object (got a JSON {_json_kind(payload)})", "invalid_body"
+            400, f"the request body must be a JSON object (got a JSON {json_kind(payload)})", "invalid_body"
         )
     if "model" not in payload:
         return error_response(
@@ -69,8 +70,3 @@ def _shown(value: Any) -> str:
     """The value as the client wrote it (JSON: null, true), cut short."""
     text = json.dumps(value)
     return text if len(text) <= SHOWN_CHARS else text[:SHOWN_CHARS] + "..."
-
-
-def _json_kind(value: Any) -> str:
-    kinds = ((bool, "boolean"), (list, "array"), (dict, "object"), (str, "string"), ((int, float), "number"))
-    return "null" if value is None else next(kind for cls, kind in kinds if isinstance(value, cls))

@@ -28,6 +28,7 @@ from veloxd.gateway.upstream import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from veloxd.openai_errors import openai_error
 
 PASSED_REQUEST_HEADERS = ("Content-Type", "Accept")
 
@@ -109,13 +110,9 @@ async def _stream(
     if not events.done:
         record.error = record.error or "the server closed the stream before [DONE] (it exited or was killed)"
         record.status = 504 if code == "upstream_timeout" else 502
-        error = {
-            "error": {
-                "message": f"the server for '{record.server}' stopped mid-stream: {record.error}",
-                "type": "server_error",
-                "code": code,
-            }
-        }
+        error = openai_error(
+            record.status, f"the server for '{record.server}' stopped mid-stream: {record.error}", code
+        )
         try:
             await response.write(b"data: " + json.dumps(error).encode() + b"\n\n")
         except ConnectionError:
@@ -131,10 +128,8 @@ async def _stream(
 def error_response(
     status: int, message: str, code: str, headers: dict[str, str] | None = None, **extra: Any
 ) -> web.Response:
-    """An OpenAI-shaped error: {"error": {"message", "type", "code", ...}}."""
-    kind = "invalid_request_error" if status < 500 else "server_error"
-    body = {"error": {"message": message, "type": kind, "code": code, **extra}}
-    return web.json_response(body, status=status, headers=headers)
+    """An OpenAI-shaped error (veloxd.openai_errors) with this status."""
+    return web.json_response(openai_error(status, message, code, **extra), status=status, headers=headers)
 
 
 def timeout_response(record: RequestRecord, err: UpstreamTimeout) -> web.Response:

@@ -61,6 +61,10 @@ class VeloxCache(BaseCache):
     """Base class: bookkeeping shared by all methods. Subclasses store and attend."""
 
     block = DEFAULT_BLOCK  # keys per attention block: bounds one call's transient memory
+    # Keys per block of a decode step; None (always, when serving): the method's own choice, one pass
+    # over every stored key for most (veloxd.kv.ops.blockwise). Tests set it on a cache to compare the
+    # one pass with the block loop's online softmax.
+    decode_block: int | None = None
     # Tokens seen: an int in a per-request cache; a batch cache holds one per row (an mx.array), as
     # mlx_lm's BatchKVCache does, and mlx_lm's models read either. Hence no narrower type here.
     offset: Any

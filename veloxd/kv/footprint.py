@@ -39,10 +39,11 @@ from veloxd.kv import probe
 from veloxd.kv.base import VeloxCache
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.factory import make_caches, native_caches
+from veloxd.kv.ops.packing import CAPACITY_STEP
 from veloxd.kv.probe import Feeder, Forward, LayerShape, Synthetic
+from veloxd.model_config import as_config, stated_context_length
 
-PROBE_STEP = 256  # capacity step of the packed stores and of mlx_lm's KVCache
-PROBE_LENGTHS = (256, 512)
+PROBE_LENGTHS = (CAPACITY_STEP, 2 * CAPACITY_STEP)  # whole steps: every store is exactly full there
 REPORT_LENGTHS = (4096, 32768)
 
 
@@ -86,7 +87,7 @@ class Footprint:
             lengths.append(self.max_context)
         caps = sorted({line.cap for line in self.method if line.cap is not None})
         capped = [line.capped_bytes for line in self.method if line.capped_bytes is not None]
-        shapes = "derived from the model's key/value shapes and KVCache's 256-token allocation steps"
+        shapes = f"derived from the model's key/value shapes and KVCache's {CAPACITY_STEP}-token allocation steps"
         if not self.method_probed:
             how = f"fixed_bytes, bytes_per_token: {shapes} (the method is fp16)"
         else:
@@ -141,7 +142,7 @@ def summary(figure: dict[str, Any], context: int = REPORT_LENGTHS[0]) -> dict[st
 
 
 def probe_lengths(caches: list[Any]) -> tuple[int, int]:
-    """Two lengths, multiples of PROBE_STEP where possible, that no eviction budget cuts."""
+    """Two lengths, multiples of CAPACITY_STEP where possible, that no eviction budget cuts."""
     budgets = [c.budget for c in caches if hasattr(c, "budget")]
     low, high = PROBE_LENGTHS
     if budgets and min(budgets) < high:
@@ -203,12 +204,8 @@ def _lines(low: list[int], high: list[int], lengths: tuple[int, int]) -> list[La
 
 
 def max_context(model: Any) -> int | None:
-    args = getattr(model, "args", None)
-    for name in ("max_position_embeddings", "max_seq_len", "n_positions"):
-        value = getattr(args, name, None)
-        if isinstance(value, int) and value > 0:
-            return value
-    return None
+    """The context length the model's config states (veloxd.model_config's one rule), if any."""
+    return stated_context_length(as_config(getattr(model, "args", None)))
 
 
 def kv_shapes(model: Any) -> list[LayerShape] | None:
@@ -229,7 +226,7 @@ def kv_shapes(model: Any) -> list[LayerShape] | None:
 def fp16_lines(model: Any, shapes: list[LayerShape] | None = None) -> list[LayerLine] | None:
     """Each layer's fp16 (KVCache) line from the model's key/value shapes: per token (kv_heads *
     head_dim of keys + of values) * dtype bytes, no fixed bytes (it is exact at every multiple of
-    PROBE_STEP; `kvcache_bytes` gives the exact figure at any length). None when the model's own
+    CAPACITY_STEP; `kvcache_bytes` gives the exact figure at any length). None when the model's own
     caches are not all KVCache: their bytes follow other rules."""
     shapes = kv_shapes(model) if shapes is None else shapes
     if shapes is None:
@@ -239,8 +236,8 @@ def fp16_lines(model: Any, shapes: list[LayerShape] | None = None) -> list[Layer
 
 
 def kvcache_bytes(lines: list[LayerLine], n: int) -> int:
-    """What mlx_lm's KVCache holds after n tokens (one sequence): its slots grow in PROBE_STEP steps."""
-    allocated = -(-n // PROBE_STEP) * PROBE_STEP
+    """What mlx_lm's KVCache holds after n tokens (one sequence): its slots grow in CAPACITY_STEP steps."""
+    allocated = -(-n // CAPACITY_STEP) * CAPACITY_STEP
     return round(sum(line.per_token for line in lines) * allocated)
 
 

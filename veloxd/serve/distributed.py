@@ -25,6 +25,7 @@ import mlx.core as mx
 
 from veloxd import protocol
 from veloxd.distributed.checks import PIPELINE_NEEDS_FP16
+from veloxd.distributed.kv_figures import group_kv_memory
 from veloxd.kv.footprint import summary
 from veloxd.serve import preflight
 from veloxd.serve.doorbell import Doorbell, connect_group
@@ -156,7 +157,7 @@ def group_payload(
     """The READY payload: the group's totals (sums over the ranks, labelled so) at the top level,
     each rank's own figures under `distributed.ranks`."""
     payload = ready_payload(options, model_id, wiring, limits, load_s)
-    payload["kv_memory"] = protocol.group_kv_memory([r["kv_memory"] for r in ranks])
+    payload["kv_memory"] = group_kv_memory([r["kv_memory"] for r in ranks])
     short = summary(payload["kv_memory"])
     short["source"] = (
         f"derived from kv_memory, summed over {len(ranks)} ranks: bytes per added token (measured), "

@@ -2,7 +2,8 @@
 
 `limits.max_tokens` and `limits.max_prompt_tokens` default to the model's context length, which
 only the loaded model knows: the worker resolves them after loading and reports the effective
-values in its READY line. No mlx import.
+values in its READY line. The config's rule is veloxd.model_config's (the daemon bills memory by
+it too); the tokenizer's limit only when the config states none. No mlx import.
 """
 
 from __future__ import annotations
@@ -10,9 +11,9 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-# Where model configs state their context length, most common first (llama/qwen/mistral, gpt2,
-# mpt, chatglm/qwen1, phi/bloom-likes). A VLM's text model nests it in text_config.
-CONTEXT_KEYS = ("max_position_embeddings", "n_positions", "max_seq_len", "seq_length", "n_ctx", "max_sequence_length")
+from veloxd import entry_bounds
+from veloxd.model_config import as_config, stated_context_length
+
 UNBOUNDED_TOKENIZER_LENGTH = 10**9  # transformers' "no limit" sentinel is ~1e30
 
 
@@ -22,8 +23,8 @@ class RequestLimits:
 
     max_tokens: int | None = None
     max_prompt_tokens: int | None = None
-    body_timeout_s: float = 30.0
-    max_body_bytes: int = 32 * 2**20
+    body_timeout_s: float = entry_bounds.REQUEST_BODY_TIMEOUT_S  # the config's limits.* defaults
+    max_body_bytes: int = entry_bounds.MAX_BODY_BYTES
 
     def resolve(self, context_length: int | None) -> EffectiveLimits:
         return EffectiveLimits(
@@ -51,18 +52,9 @@ class EffectiveLimits:
 
 def context_length(model_args: Any, tokenizer_max_length: Any = None) -> int | None:
     """The context length a model states: its config (`model.args`, or a dict), else its tokenizer's."""
-    sources = [model_args, _get(model_args, "text_config")]
-    for source in sources:
-        for key in CONTEXT_KEYS:
-            value = _get(source, key)
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
+    stated = stated_context_length(as_config(model_args))
+    if stated is not None:
+        return stated
     if isinstance(tokenizer_max_length, int) and 0 < tokenizer_max_length < UNBOUNDED_TOKENIZER_LENGTH:
         return tokenizer_max_length
     return None
-
-
-def _get(source: Any, key: str) -> Any:
-    if source is None:
-        return None
-    return source.get(key) if isinstance(source, dict) else getattr(source, key, None)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
-from veloxd import protocol
+from veloxd import entry_bounds, protocol
 from veloxd.checks import SIZE_HELP, host_problem, is_loopback, parse_size, resolve_model
 from veloxd.kv import registry
 from veloxd.kv.config import OWN_KEYS, KVCacheConfig, KVConfigError, field_named, fields_for, parse_value
@@ -58,7 +58,20 @@ class ServeOptions:
         return os.environ.get(self.api_key_env) if self.api_key_env else None
 
 
-PARALLELISMS = ("tensor", "pipeline")  # --distributed: how a group shares the model
+PARALLELISMS = tuple(entry_bounds.PARALLELISM["enum"])  # --distributed: how a group shares the model
+# Each bounded setting's schema: the config's own (veloxd.entry_bounds), so a value `veloxd check`
+# refuses in veloxd.yaml is refused here too. The port's is config.keys.PORT_SCHEMA's range.
+BOUNDS: dict[str, dict[str, Any]] = {
+    "port": {"minimum": 1, "maximum": 65535},
+    "max_tokens": entry_bounds.MAX_TOKENS,
+    "temp": entry_bounds.TEMP,
+    "top_p": entry_bounds.TOP_P,
+    "prompt_cache_size": entry_bounds.PROMPT_CACHE_SIZE,
+    "limit_max_tokens": entry_bounds.REQUEST_TOKENS,
+    "limit_max_prompt_tokens": entry_bounds.REQUEST_TOKENS,
+    "request_body_timeout": entry_bounds.REQUEST_BODY_TIMEOUT,
+    "distributed": entry_bounds.PARALLELISM,
+}
 # The document keys (flag dests) that are ServeOptions fields of the same name and meaning; the
 # others are converted (kv, sizes) or grouped (limits) by build_options.
 SAME_NAMED = tuple(
@@ -208,27 +221,13 @@ def check_settings(settings: dict[str, Any], name: Callable[[str], str]) -> None
         raise UsageError(f"{name('adapter_path')} {settings['adapter_path']}: no such directory")
     if settings["host"] is not None and (problem := host_problem(settings["host"])):
         raise UsageError(f"{name('host')} {problem}")
-    for key, low, high in (
-        ("port", 1, 65535),
-        ("max_tokens", 1, None),
-        ("prompt_cache_size", 0, None),
-        ("limit_max_tokens", 1, None),
-        ("limit_max_prompt_tokens", 1, None),
-        ("temp", 0, None),
-        ("top_p", 0, 1),
-    ):
+    for key, schema in BOUNDS.items():
         value = settings[key]
-        if value is not None and not (low <= value and (high is None or value <= high)):
-            bound = f"must be >= {low}" if high is None else f"must be between {low} and {high}"
-            raise UsageError(f"{name(key)} {value}: {bound}")
+        if value is not None and (problem := entry_bounds.out_of_bounds(value, schema)):
+            raise UsageError(f"{name(key)} {value!r}: {problem}")
     api_key_env = settings["api_key_env"]
     if api_key_env and not os.environ.get(api_key_env):
         raise UsageError(f"{name('api_key_env')} {api_key_env}: that environment variable is not set or empty")
-    timeout = settings["request_body_timeout"]
-    if timeout is not None and timeout <= 0:
-        raise UsageError(f"{name('request_body_timeout')} {timeout}: must be > 0 seconds")
-    if settings["distributed"] not in (None, *PARALLELISMS):
-        raise UsageError(f"{name('distributed')} {settings['distributed']!r}: choose one of {', '.join(PARALLELISMS)}")
     if settings["distributed"] is not None and settings["adapter_path"]:  # as the config refuses it
         raise UsageError(
             f"{name('adapter_path')}: mlx_lm loads no LoRA adapter on a sharded model ({name('distributed')})"

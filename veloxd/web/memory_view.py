@@ -9,6 +9,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from veloxd.daemon.memory import kv_per_token_text
+from veloxd.daemon.state import ServerState
 from veloxd.gateway.admission import Admit, Resident, admit
 
 
@@ -30,7 +31,7 @@ def memory_view(table: Mapping[str, Any] | None, servers: Mapping[str, Mapping[s
             last_used=0.0,
         )
         for name, row in rows.items()
-        if row.get("state") != "stopped"
+        if row.get("state") != ServerState.STOPPED.value
     ]
     budget = table.get("budget")
     entries = []
@@ -48,7 +49,7 @@ def memory_view(table: Mapping[str, Any] | None, servers: Mapping[str, Mapping[s
             "concurrency": row.get("concurrency"),
             "admission": None,
         }
-        if row.get("start") == "on_demand" and row.get("state") == "stopped":
+        if row.get("start") == "on_demand" and row.get("state") == ServerState.STOPPED.value:
             decision = admit(name, int(row.get("total") or 0), residents, budget)
             entry["admission"] = (
                 {"fits": True, "would_unload": list(decision.unload)}

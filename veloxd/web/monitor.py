@@ -26,6 +26,7 @@ import psutil
 from veloxd.daemon.client import DaemonClient
 from veloxd.daemon.console import summary_text
 from veloxd.daemon.control import DaemonUnreachable
+from veloxd.daemon.state import ServerState
 from veloxd.endpoints import connect_host
 from veloxd.serve.stats import STATS_PATH
 from veloxd.web.memory_view import memory_view
@@ -158,7 +159,7 @@ class Monitor:
             snap, entry = snapshots[name], config.get(name) or {}
             if worker_stats is not None:
                 self.stats[name] = worker_stats
-            elif snap.get("state") != "ready":
+            elif snap.get("state") != ServerState.READY.value:
                 self.stats.pop(name, None)
             servers[name] = self._server_view(name, snap, entry, self.stats.get(name), now)
         for gone in set(self._previous) - set(servers):
@@ -167,7 +168,7 @@ class Monitor:
         self.servers = servers
 
     async def _worker_stats(self, snap: dict[str, Any], entry: dict[str, Any]) -> dict[str, Any] | None:
-        if snap.get("state") != "ready" or self._session is None:
+        if snap.get("state") != ServerState.READY.value or self._session is None:
             return None
         host = connect_host(snap.get("host", "127.0.0.1"))
         shown = f"[{host}]" if ":" in host else host
@@ -216,7 +217,7 @@ class Monitor:
             "fp16_bytes_per_token": kv.get("fp16"),
             "rss_bytes": rss,
             "since": snap.get("since"),
-            "uptime_s": _seconds_since(snap.get("since"), now) if state == "ready" else None,
+            "uptime_s": _seconds_since(snap.get("since"), now) if state == ServerState.READY.value else None,
             "startup_s": snap.get("startup_s"),
             "restarts": snap.get("restarts", 0),
             "starts": snap.get("starts"),

@@ -119,12 +119,22 @@ def attend(
     mask: str | MaskFn | None,
     block: int = DEFAULT_BLOCK,
     one_span: bool = True,
+    decode_block: int | None = None,
 ) -> mx.array:
     """Attention [B, Hq, L, Dv] of queries [B, Hq, L, D] over slots keys/values [B, Hkv, S, D] (or packed).
-    `one_span`: see `key_block` (False: `block` keys at a time whatever the keys)."""
+    `one_span`: see `key_block` (False: `block` keys at a time whatever the keys); `decode_block`:
+    see veloxd.kv.ops.blockwise.key_block."""
     block = key_block(queries, keys, block, one_span)
     out = blockwise_attention(
-        queries, scale, keys.shape[1], keys.shape[2], _score_fn(keys), _value_fn(values), mask, block=block
+        queries,
+        scale,
+        keys.shape[1],
+        keys.shape[2],
+        _score_fn(keys),
+        _value_fn(values),
+        mask,
+        block=block,
+        decode_block=decode_block,
     )
     assert out is not None  # values were given
     return out
@@ -141,6 +151,7 @@ def received(
     reduce: Reduce,
     block: int = ...,
     one_span: bool = ...,
+    decode_block: int | None = ...,
 ) -> tuple[mx.array, mx.array]: ...
 @overload
 def received(
@@ -152,6 +163,7 @@ def received(
     reduce: Reduce,
     block: int = ...,
     one_span: bool = ...,
+    decode_block: int | None = ...,
 ) -> tuple[None, mx.array]: ...
 def received(
     queries: mx.array,
@@ -162,12 +174,13 @@ def received(
     reduce: Reduce,
     block: int = DEFAULT_BLOCK,
     one_span: bool = True,
+    decode_block: int | None = None,
 ) -> tuple[mx.array | None, mx.array]:
     """(attention output or None without values, weight each slot received [..., S]).
 
     `reduce` turns one block's weights into the weight per key of that block; blocks of queries
     are summed, blocks of keys concatenated. Nothing of size L x S is ever held. `one_span`: see
-    `key_block`.
+    `key_block`; `decode_block`: see veloxd.kv.ops.blockwise.key_block.
     """
     per_block: dict[int, mx.array] = {}
 
@@ -179,7 +192,16 @@ def received(
     value_fn = None if values is None else _value_fn(values)
     block = key_block(queries, keys, block, one_span)
     out = blockwise_attention(
-        queries, scale, keys.shape[1], keys.shape[2], _score_fn(keys), value_fn, mask, block=block, collect=collect
+        queries,
+        scale,
+        keys.shape[1],
+        keys.shape[2],
+        _score_fn(keys),
+        value_fn,
+        mask,
+        block=block,
+        collect=collect,
+        decode_block=decode_block,
     )
     mass = mx.concatenate([per_block[s] for s in sorted(per_block)], axis=-1)
     return out, mass

@@ -89,7 +89,7 @@ class EvictionCache(VeloxCache):
 
     def run_attention(self, queries: mx.array, scale: float, step: Step) -> mx.array:
         keys, values, mask = self.attention_view(step)
-        return attention.attend(queries, keys, values, scale, mask, self.block)
+        return attention.attend(queries, keys, values, scale, mask, self.block, decode_block=self.decode_block)
 
     # --- storage hooks: fp16 slots here; veloxd.kv.evict.packed keeps a quantizer's codes instead ---
     def encode(self, keys: mx.array, values: mx.array) -> dict[str, mx.array]:

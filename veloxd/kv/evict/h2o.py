@@ -35,7 +35,9 @@ class H2OCache(Batchable, EvictionCache):
         def reduce(probs: mx.array, qs: int, qe: int) -> mx.array:  # summed over the GQA group and queries
             return (probs * weight[:, None, None, qs:qe, None]).sum(axis=(2, 3))  # [B, Hkv, n]
 
-        out, mass = attention.received(queries, keys, values, scale, mask, reduce, self.block)
+        out, mass = attention.received(
+            queries, keys, values, scale, mask, reduce, self.block, decode_block=self.decode_block
+        )
         self.slots["mass"] = self.slots["mass"] + self.widen(mass)
         return out
 

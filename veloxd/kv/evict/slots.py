@@ -12,8 +12,9 @@ import math
 
 import mlx.core as mx
 
+from veloxd.kv.ops.packing import CAPACITY_STEP
+
 EMPTY = 2**31 - 1  # position of a free slot: above every query position, so never visible
-STEP = 256  # slots added at a time when decode outgrows the buffer (as mlx_lm's KVCache)
 FILL = {"positions": EMPTY}  # value of new or padding slots, per array (default 0)
 
 Slots = dict[str, mx.array]
@@ -64,8 +65,8 @@ def write_one(slots: Slots, new: Slots) -> Slots:
 
 
 def grow_target(need: int, limit: int) -> int:
-    """Width after growing to hold `need` slots: the next STEP multiple, capped at `limit`."""
-    return max(need, min(math.ceil(need / STEP) * STEP, limit))
+    """Width after growing to hold `need` slots: the next CAPACITY_STEP multiple, capped at `limit`."""
+    return max(need, min(math.ceil(need / CAPACITY_STEP) * CAPACITY_STEP, limit))
 
 
 def pad(slots: Slots, target: int, template: Slots, rows: int) -> Slots:

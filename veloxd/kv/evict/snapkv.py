@@ -92,9 +92,11 @@ class SnapKVCache(Batchable, EvictionCache):
         self._scale = scale
         keys, values, mask = self.attention_view(step)
         if step.length > 1:
-            out = attention.attend(queries, keys, values, scale, mask, self.block)
+            out = attention.attend(queries, keys, values, scale, mask, self.block, decode_block=self.decode_block)
         else:
-            out, obs = attention.received(queries, keys, values, scale, mask, _group_sum, self.block)
+            out, obs = attention.received(
+                queries, keys, values, scale, mask, _group_sum, self.block, decode_block=self.decode_block
+            )
             self.slots["obs"] = self.slots["obs"] + self.widen(obs)  # [B, Hkv, C]
         if step.length > 1 or any(self.prefilling):
             self._stash(queries, mx.where(step.qvalid(), step.qpos(), -1))
@@ -147,7 +149,9 @@ class SnapKVCache(Batchable, EvictionCache):
         """Weight each slot receives from the stashed window queries [B, Hkv, C]."""
         mask = attention.slot_mask(self.slots["positions"], self.rows["stash_pos"])
         stash_q, keys = self.rows["stash_q"], self.operands()[0]
-        _, scores = attention.received(stash_q, keys, None, self._scale, mask, _group_sum, self.block)
+        _, scores = attention.received(
+            stash_q, keys, None, self._scale, mask, _group_sum, self.block, decode_block=self.decode_block
+        )
         return scores  # [B, Hkv, C]
 
     def _compress(self, rows: list[bool], scores: mx.array) -> None:

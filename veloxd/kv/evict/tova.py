@@ -34,16 +34,20 @@ class TOVACache(Batchable, EvictionCache):
 
         keys, values, mask = self.attention_view(step)
         if step.length == 1:
-            out, scores = attention.received(queries, keys, values, scale, mask, reduce, self.block)
+            out, scores = attention.received(
+                queries, keys, values, scale, mask, reduce, self.block, decode_block=self.decode_block
+            )
         else:
-            out = attention.attend(queries, keys, values, scale, mask, self.block)
+            out = attention.attend(queries, keys, values, scale, mask, self.block, decode_block=self.decode_block)
             if not any(c > self.budget for c in self.counts):
                 return out
             last = mx.array([max(h - 1, 0) for h in step.hi], dtype=mx.int32)  # last real query per row
             q_last = mx.take_along_axis(queries, last[:, None, None, None], axis=2)  # [B, Hq, 1, D]
             qpos = mx.array(step.base)[:, None] + last[:, None]  # [B, 1]
             last_mask = attention.slot_mask(self.slots["positions"][:, :1], qpos)
-            _, scores = attention.received(q_last, keys, None, scale, last_mask, reduce, self.block)
+            _, scores = attention.received(
+                q_last, keys, None, scale, last_mask, reduce, self.block, decode_block=self.decode_block
+            )
         self._scores = self.widen(scores)  # [B, 1, S]
         return out
 

@@ -11,6 +11,11 @@ import mlx.core as mx
 
 Store = dict[str, mx.array]
 TOKEN_AXIS = 2
+# Tokens added at a time when a store outgrows its buffer, in every veloxd store (packed codes,
+# eviction slots, KIVI's quantized groups) as in mlx_lm's KVCache (`KVCache.step`, a contract test
+# checks): the footprint's two-length fit (veloxd.kv.footprint) is exact only while all grow alike.
+# A multiple of every kivi_group_size, so KIVI's quantized part grows in whole groups.
+CAPACITY_STEP = 256
 
 
 def round_up(n: int, step: int) -> int:

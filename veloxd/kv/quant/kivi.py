@@ -50,7 +50,7 @@ class KIVICache(Batchable, VeloxCache):
 
     def attend(self, queries: mx.array, scale: float, mask: Any) -> mx.array:
         assert self.rows is not None  # update_and_fetch appended first
-        out = self.rows.attend(queries, scale, mask, own_mask=False, block=self.block)
+        out = self.rows.attend(queries, scale, mask, own_mask=False, block=self.block, decode_block=self.decode_block)
         self.rows.flush()  # the new tokens were attended exactly; now quantize what left the window
         return out
 

@@ -60,7 +60,7 @@ class KIVIBatch(BatchCache, VeloxCache):
 
     def attend(self, queries: mx.array, scale: float, mask: Any) -> mx.array:
         assert self.rows is not None  # update_and_fetch appended first
-        out = self.rows.attend(queries, scale, mask, own_mask=True, block=self.block)
+        out = self.rows.attend(queries, scale, mask, own_mask=True, block=self.block, decode_block=self.decode_block)
         if not self.rows.hold:
             self.rows.flush()
         return out

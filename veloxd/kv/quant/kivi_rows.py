@@ -19,10 +19,8 @@ import mlx.core as mx
 
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.ops import packing
-from veloxd.kv.ops.blockwise import DEFAULT_BLOCK, blockwise_attention, per_kv_head
+from veloxd.kv.ops.blockwise import blockwise_attention, per_kv_head
 from veloxd.kv.quant.affine import packed_matmul, quantize_fp16, reads_dense
-
-Q_STEP = 256  # quantized-token capacity step (a multiple of every allowed group size)
 
 
 def check_value_dim(config: KVCacheConfig, v_dim: int) -> None:
@@ -119,7 +117,7 @@ class KIVIRows:
     def ensure_q_capacity(self, needed: int) -> None:
         if needed <= self.q_capacity():
             return
-        cap = packing.round_up(needed, Q_STEP)
+        cap = packing.round_up(needed, packing.CAPACITY_STEP)
         B, H, G = self.batch, self.heads, self.group
         fresh_k = (  # K^T: tokens on the last axis
             mx.zeros((B, H, self.k_dim, self.code_cols(cap)), mx.uint32),
@@ -166,9 +164,10 @@ class KIVIRows:
 
     # --- attention ---
     def attend(
-        self, queries: mx.array, scale: float, mask: Any, own_mask: bool, block: int = DEFAULT_BLOCK
+        self, queries: mx.array, scale: float, mask: Any, own_mask: bool, block: int, decode_block: int | None
     ) -> mx.array:
-        """queries [B, Hq, L, D] are the newest L residual tokens of every row.
+        """queries [B, Hq, L, D] are the newest L residual tokens of every row (`decode_block`:
+        veloxd.kv.ops.blockwise.key_block).
 
         own_mask=False: `mask` (None / "causal" / array) applies as given (B=1: no holes).
         own_mask=True: holes and causality come from the per-row counts; `mask` is ignored.
@@ -235,7 +234,9 @@ class KIVIRows:
             return out
 
         visible = keep if own_mask else mask
-        out = blockwise_attention(queries, scale, self.heads, length, score_fn, value_fn, visible, block)
+        out = blockwise_attention(
+            queries, scale, self.heads, length, score_fn, value_fn, visible, block, decode_block=decode_block
+        )
         assert out is not None  # value_fn was given
         return out
 

@@ -15,7 +15,7 @@ from mlx_lm.models.base import create_causal_mask
 from veloxd.kv.base import BatchCache, LayerSpec, VeloxCache, int_list
 from veloxd.kv.config import KVCacheConfig
 from veloxd.kv.ops import packing
-from veloxd.kv.quant.tokencache import STEP, TokenCodec, TokenQuantCache, append_window, attend_store
+from veloxd.kv.quant.tokencache import TokenCodec, TokenQuantCache, append_window, attend_store
 from veloxd.kv.quant.window import RecentWindow
 
 
@@ -27,7 +27,7 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
     """
 
     single_class: ClassVar[type[TokenQuantCache]]
-    step = STEP
+    step = packing.CAPACITY_STEP
 
     def __init__(self, config: KVCacheConfig, layer: LayerSpec, left_padding: list[int]) -> None:
         super().__init__(config, layer)
@@ -90,7 +90,9 @@ class TokenQuantBatchCache(BatchCache, VeloxCache):
 
     def attend(self, queries: mx.array, scale: float, mask: Any) -> mx.array:
         assert self.codec is not None and self.store is not None  # update_and_fetch appended first
-        out = attend_store(self.codec, self.store, self._idx, queries, scale, mask, self.block, self.window)
+        out = attend_store(
+            self.codec, self.store, self._idx, queries, scale, mask, self.block, self.window, self.decode_block
+        )
         if self.window is not None:  # the chunk is read; a padded prefill keeps room for its padding
             self.window.shrink(self._pad_room)
         return out

@@ -51,8 +51,6 @@ from veloxd.kv.ops.blockwise import DEFAULT_BLOCK, blockwise_attention
 from veloxd.kv.quant import onepass
 from veloxd.kv.quant.window import RecentWindow, WindowRead
 
-STEP = 256
-
 
 class TokenCodec:
     """How one layer's keys and values become per-token codes, and attention reads them back."""
@@ -111,13 +109,16 @@ def attend_store(
     mask: Any,
     block: int = DEFAULT_BLOCK,
     window: RecentWindow | None = None,
+    decode_block: int | None = None,
 ) -> mx.array:
     """Attention of queries [B, Hq, L, D] over the first `length` stored tokens; the positions
-    `window` holds exactly are read from it instead of the codes."""
+    `window` holds exactly are read from it instead of the codes. `decode_block`: keys per block of
+    a decode step (VeloxCache.decode_block), else the codec's (None: one pass)."""
     n_kv_heads = next(iter(store.values())).shape[1]
     codec = codec.for_call(queries, n_kv_heads)
     read = None if window is None else WindowRead(window, length, queries.shape[2])
-    if queries.shape[2] == 1 and codec.decode_block is None and blockwise.key_block(1, length, block) >= length:
+    decode_block = codec.decode_block if decode_block is None else decode_block
+    if queries.shape[2] == 1 and decode_block is None and blockwise.key_block(1, length, block) >= length:
         # a decode step: one pass, the window merged by log-sum-exp (no copy over the context)
         mask_fn = blockwise.as_mask_fn(mask, 1, length)
         return codec.finish(onepass.decode_step(codec, store, length, queries, scale, mask_fn, read))
@@ -148,7 +149,7 @@ def attend_store(
         mask=mask,
         block=block,
         overlay=read,
-        decode_block=None if codec.decode_block is None else min(codec.decode_block, block),
+        decode_block=None if decode_block is None else min(decode_block, block),
     )
     assert out is not None  # value_fn was given
     return codec.finish(out)
@@ -185,7 +186,7 @@ class TokenQuantCache(VeloxCache):
     """Per-request cache holding only the codec's per-token arrays."""
 
     codec_type: type[TokenCodec] = TokenCodec
-    step = STEP
+    step = packing.CAPACITY_STEP
 
     def __init__(self, config: KVCacheConfig, layer: LayerSpec) -> None:
         super().__init__(config, layer)
@@ -213,7 +214,9 @@ class TokenQuantCache(VeloxCache):
 
     def attend(self, queries: mx.array, scale: float, mask: Any) -> mx.array:
         assert self.codec is not None and self.store is not None  # update_and_fetch appended first
-        out = attend_store(self.codec, self.store, self.offset, queries, scale, mask, self.block, self.window)
+        out = attend_store(
+            self.codec, self.store, self.offset, queries, scale, mask, self.block, self.window, self.decode_block
+        )
         if self.window is not None:
             self.window.shrink()  # the chunk is read: back to the newest W
         return out

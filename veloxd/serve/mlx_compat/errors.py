@@ -4,7 +4,8 @@ mlx_lm's server answers a bad request with `{"error": "text"}` (a missing Conten
 `max_tokens` of -5, a chat request without `messages`) and an unknown path with `Not Found`,
 while every answer veloxd writes itself, and OpenAI's API, use `{"error": {"message", "type",
 "code"}}`. A client that reads `error.message` should not have to know which layer refused it.
-The handler marks the next body write once mlx_lm sets an error status; this writer reshapes it.
+The handler marks the next body write once mlx_lm sets an error status; this writer reshapes it
+(veloxd/openai_errors.py builds the body, as for every other error answer).
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from veloxd.openai_errors import error_type, openai_error
 
-def openai_error(data: bytes, status: int) -> bytes:
+
+def reshape(data: bytes, status: int) -> bytes:
     """The body `data` of an error answer with status `status`, as an OpenAI error object
     (unchanged when it already is one)."""
     try:
@@ -23,13 +26,12 @@ def openai_error(data: bytes, status: int) -> bytes:
     error = payload.get("error") if isinstance(payload, dict) else None
     if isinstance(error, dict):
         return data
-    kind = "server_error" if status >= 500 else "invalid_request_error"
     message = error if isinstance(error, str) else json.dumps(payload)
-    return json.dumps({"error": {"message": message, "type": kind, "code": kind}}).encode()
+    return json.dumps(openai_error(status, message, code=error_type(status))).encode()  # mlx_lm gives no code
 
 
 class ShapedWriter:
-    """The handler's wfile: the first write after `expect(status)` is reshaped by openai_error."""
+    """The handler's wfile: the first write after `expect(status)` is reshaped by `reshape`."""
 
     def __init__(self, raw: Any) -> None:
         self.raw = raw
@@ -41,7 +43,7 @@ class ShapedWriter:
     def write(self, data: bytes) -> int:
         status, self._status = self._status, None
         if status is not None:
-            data = openai_error(data, status)
+            data = reshape(data, status)
         return self.raw.write(data)
 
     def __getattr__(self, name: str) -> Any:

@@ -11,6 +11,7 @@ from typing import Any, cast
 
 from mlx_lm import server as mlx_server
 
+from veloxd.openai_errors import openai_error
 from veloxd.serve.bounds import (
     BodyRefused,
     ClientGone,
@@ -104,8 +105,7 @@ def handler_class(
             if status == 401:
                 self.send_header("WWW-Authenticate", "Bearer")
             self.end_headers()
-            body = {"error": {"message": message, "type": "invalid_request_error", "code": code}}
-            self.wfile.write(json.dumps(body).encode())
+            self.wfile.write(json.dumps(openai_error(status, message, code)).encode())
 
         def do_GET(self) -> None:
             if not self._authorized():
