@@ -4,6 +4,9 @@ One daemon and its gateway in front of stand-in workers (tests/fixtures/fake_wor
 
 from __future__ import annotations
 
+import json
+import urllib.error
+import urllib.request
 from collections.abc import Iterator
 from typing import Any
 
@@ -100,3 +103,16 @@ def test_a_body_without_model_still_lists_the_valid_names(gateway: dict[str, Any
     status, body = post(gateway["base"], "/v1/completions", {"prompt": "x"})
     assert status == 400 and body["error"]["code"] == "model_required"
     assert body["error"]["message"] == "request has no 'model'; valid models: one, two, solo"
+
+
+def test_an_unknown_path_and_a_wrong_method_answer_in_the_openai_error_shape(gateway: dict[str, Any]) -> None:
+    """aiohttp's own 404 and 405 are text/plain; a client reading error.message gets them as JSON."""
+    status, body = http_json(gateway["base"] + "/v1/nothing-here")
+    assert status == 404 and body["error"]["message"] == "Not Found: GET /v1/nothing-here", body
+    assert body["error"]["type"] == "invalid_request_error" and body["error"]["code"] == "not_found"
+    request = urllib.request.Request(gateway["base"] + "/v1/chat/completions", data=b"{}", method="PUT")
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 405 and refused.value.headers["Allow"] == "POST"
+    error = json.loads(refused.value.read())["error"]
+    assert error["message"] == "Method Not Allowed: PUT /v1/chat/completions" and error["code"] == "method_not_allowed"

@@ -44,7 +44,7 @@ def build_app(
     fleet: Fleet, accounting: Accounting | None = None, monitor: Monitor | None = None, *, host: str, port: int
 ) -> web.Application:
     """The gateway on host:port; with `monitor`, also the dashboard and /metrics (veloxd.web.app)."""
-    app = web.Application(client_max_size=CLIENT_MAX_SIZE, middlewares=[_capped, _auth])
+    app = web.Application(client_max_size=CLIENT_MAX_SIZE, middlewares=[_capped, _auth, _openai_shaped])
     app[OVER_CAP] = set()  # filled by connections.GuardedServer
     app[FLEET] = fleet
     app[ACCOUNTING] = accounting or Accounting()
@@ -110,6 +110,19 @@ async def _auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     return error_response(
         401, "missing or wrong bearer token", "invalid_api_key", headers={"WWW-Authenticate": "Bearer"}
     )
+
+
+@web.middleware
+async def _openai_shaped(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's own refusals (an unknown path, a wrong method) in OpenAI's error shape, not text/plain."""
+    try:
+        return await handler(request)
+    except web.HTTPException as refused:
+        if refused.status < 400:
+            raise
+        kept = {name: value for name, value in refused.headers.items() if name.lower() == "allow"}
+        message = f"{refused.reason}: {request.method} {request.path}"
+        return error_response(refused.status, message, refused.reason.lower().replace(" ", "_"), headers=kept)
 
 
 async def health(request: web.Request) -> web.Response:

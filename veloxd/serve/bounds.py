@@ -178,9 +178,10 @@ def client_gone_error(err: BaseException | None) -> bool:
     return isinstance(err, (ConnectionError, TimeoutError))
 
 
-def check_json_body(body: bytes) -> None:
-    """BodyRefused(400) naming what is wrong with a request body: not UTF-8, not JSON, not an
-    object, or a string holding a lone surrogate (valid JSON, but no tokenizer can encode it)."""
+def check_json_body(body: bytes) -> dict[str, Any]:
+    """The request body's JSON object, or BodyRefused(400) naming what is wrong with it: not UTF-8,
+    not JSON, not an object, or a string holding a lone surrogate (valid JSON, but no tokenizer
+    can encode it)."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError as err:
@@ -202,6 +203,7 @@ def check_json_body(body: bytes) -> None:
         raise BodyRefused(
             400, f"{where} holds a lone UTF-16 surrogate (an unpaired \\uD800-\\uDFFF escape)", "invalid_request_error"
         )
+    return data
 
 
 def lone_surrogate(value: Any, path: str) -> str | None:

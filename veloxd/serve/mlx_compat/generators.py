@@ -20,6 +20,10 @@ def generation_thread(generator: mlx_server.ResponseGenerator) -> threading.Thre
     return generator._generation_thread
 
 
+class GenerationUnavailable(RuntimeError):
+    """The generation thread is gone (the model failed to load, or the thread died): no request can be served."""
+
+
 IDLE_POLL_S = 1.0  # mlx_lm polls every 0.1 s; in a group each poll is a collective on every rank
 
 
@@ -107,7 +111,7 @@ class StoppableGenerator(LockstepGenerator):
                 item = response_queue.get(timeout=0.1)
             except Empty:
                 if not self.generation_available():
-                    raise RuntimeError("generation thread died") from None
+                    raise GenerationUnavailable("the generation thread has stopped") from None
                 continue
             if isinstance(item, mlx_server.GenerationContext):
                 watch.ctx = item
@@ -144,12 +148,17 @@ class CountingGenerator:
     def __init__(self, inner: Any, timer: RequestTimer) -> None:
         self.inner = inner
         self._timer = timer
+        self.failure: Exception | None = None  # what generate() raised: mlx_lm answers any of it with a 404
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
     def generate(self, request: Any, generation_args: Any, progress_callback: Any = None) -> tuple[Any, Any]:
-        ctx, tokens = self.inner.generate(request, generation_args, progress_callback=progress_callback)
+        try:
+            ctx, tokens = self.inner.generate(request, generation_args, progress_callback=progress_callback)
+        except Exception as err:
+            self.failure = err
+            raise
         self._timer.prompt(len(ctx.prompt))
         return ctx, self._timer.tokens(tokens)
 

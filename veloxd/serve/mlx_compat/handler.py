@@ -11,7 +11,8 @@ from typing import Any, cast
 
 from mlx_lm import server as mlx_server
 
-from veloxd.openai_errors import openai_error
+from veloxd.openai_errors import error_type, openai_error
+from veloxd.serve import request_fields
 from veloxd.serve.bounds import (
     BodyRefused,
     ClientGone,
@@ -24,7 +25,7 @@ from veloxd.serve.bounds import (
 )
 from veloxd.serve.limits import RequestLimits
 from veloxd.serve.mlx_compat.errors import ShapedWriter
-from veloxd.serve.mlx_compat.generators import CountingGenerator, StoppableGenerator
+from veloxd.serve.mlx_compat.generators import CountingGenerator, GenerationUnavailable, StoppableGenerator
 from veloxd.serve.mlx_compat.provider import PinnedProvider
 from veloxd.serve.stats import STATS_PATH, RequestStats
 
@@ -80,6 +81,11 @@ def handler_class(
             super().send_response(code, message)
 
         def _set_completion_headers(self, status_code: int = 200) -> None:
+            failure = getattr(self.response_generator, "failure", None)
+            if status_code == 404 and failure is not None:  # mlx_lm's answer to any failure of generate()
+                if isinstance(failure, RequestCancelled):
+                    raise failure  # the client has gone: nothing to answer; handle_completion logs it
+                status_code = 503 if isinstance(failure, GenerationUnavailable) else 400
             super()._set_completion_headers(status_code)
             self._error_status = status_code if status_code >= 400 else None
 
@@ -100,12 +106,24 @@ def handler_class(
             self._send_error(401, "missing or wrong bearer token", "invalid_api_key")
             return False
 
-        def _send_error(self, status: int, message: str, code: str) -> None:
+        def send_error(self, code: int, message: str | None = None, explain: str | None = None) -> None:
+            """http.server's own refusals (a malformed request line, 501 for PUT) in OpenAI's shape, not HTML."""
+            text = message or self.responses.get(code, ("error",))[0]
+            body = json.dumps(openai_error(code, text, code=error_type(code))).encode()
+            self.send_response(code, message)
+            self.send_header("Connection", "close")
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            if self.command != "HEAD":
+                self.wfile.write(body)
+
+        def _send_error(self, status: int, message: str, code: str, **extra: Any) -> None:
             self._set_completion_headers(status)
             if status == 401:
                 self.send_header("WWW-Authenticate", "Bearer")
             self.end_headers()
-            self.wfile.write(json.dumps(openai_error(status, message, code)).encode())
+            self.wfile.write(json.dumps(openai_error(status, message, code, **extra)).encode())
 
         def do_GET(self) -> None:
             if not self._authorized():
@@ -158,10 +176,15 @@ def handler_class(
                 return
             if self.path in POST_PATHS:
                 try:
-                    check_json_body(body)  # before mlx_lm's parse: its own answers are a traceback or a 404
+                    data = check_json_body(body)  # before mlx_lm's parse: its own answers are a traceback or a 404
                 except BodyRefused as refused:
                     logging.warning("request_refused reason=%s status=%d", refused.code, refused.status)
                     self._send_error(refused.status, refused.message, refused.code)
+                    return
+                found = request_fields.problem(self.path, data)
+                if found is not None:
+                    logging.warning("request_refused reason=invalid_field param=%s status=400", found.param)
+                    self._send_error(400, found.message, "invalid_request_error", param=found.param)
                     return
             socket_file, self.rfile = self.rfile, io.BytesIO(body)
             try:
