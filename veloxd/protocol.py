@@ -23,7 +23,11 @@ The contract, in one place:
   line carries (`line_level`: its WORKER_LOG_FORMAT level name, or a `veloxd serve: warning:` /
   `error:` account), else info.
 - **Exit codes** (`ExitCode`): 0 a clean stop, 2 invalid input (retrying cannot help), 3 a failure
-  worth a restart.
+  worth a restart, 4 the port is held by another process (the daemon waits until it is free).
+  The gateway and the dashboard sidecar (`veloxd gateway`, `veloxd web`) follow the same READY
+  line, lifeline and exit codes.
+- **Control socket.** The daemon tells the gateway where its control socket is in
+  `CONTROL_SOCKET_ENV`.
 """
 
 from __future__ import annotations
@@ -42,6 +46,7 @@ ENTRY_JSON_FLAG = "--entry-json"
 ENTRY_DOCUMENT_VERSION = 1
 LIFELINE_FLAG = "--lifeline-fd"
 LIFELINE_GRACE_S = 1.0  # after EOF on the lifeline, the worker is gone within this
+CONTROL_SOCKET_ENV = "VELOXD_CONTROL_SOCKET"
 WORKER_ENV = {"PYTHONUNBUFFERED": "1"}
 # The daemon's state directory, set in every worker's environment: the worker keeps its measured
 # KV memory figures there (veloxd.serve.figures); a worker started by hand uses the user cache dir.
@@ -113,6 +118,8 @@ class ReadyPayload(TypedDict, total=False):
     limits: dict[str, Any]  # the effective per-request limits (context length resolved)
     load_s: float
     warnings: list[str]  # what the loaded model tells about the method (e.g. qk-norm with sharp key codes)
+    servers: list[str]  # the gateway's: the entries it routes to
+    actions: bool  # the dashboard sidecar's: whether its action buttons are on (an API key is set)
 
 
 # Every process the daemon supervises (model workers, the dashboard sidecar) sends these; a model

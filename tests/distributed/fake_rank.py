@@ -10,11 +10,10 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import time
 from pathlib import Path
 
-from veloxd.serve.lifeline import Stopper, watch_lifeline
+from veloxd.serve.lifeline import Stopper, start_watch
 
 rank, (leaving, code), marks = int(os.environ["MLX_RANK"]), map(int, sys.argv[1:3]), Path(sys.argv[3])
 print(f"pid {os.getpid()}", flush=True)
@@ -29,7 +28,7 @@ if rank == leaving:
     sys.exit(code)
 stopper = Stopper()
 signal.signal(signal.SIGTERM, lambda *_: stopper.stop(0))
-threading.Thread(target=watch_lifeline, args=(0, stopper), daemon=True).start()
+start_watch(0, stopper)
 print("waiting", flush=True)
 (marks / str(rank)).touch()
 stopper.stopped.wait()

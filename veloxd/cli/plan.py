@@ -21,7 +21,8 @@ def register(sub: Any) -> None:
         "state file; without a running daemon, with an empty state) and list the servers to "
         "start, restart, update in place, stop or keep, and what will make a server wait "
         "(or a ready server keep its settings, restart held) once applied: a port another "
-        "process holds, a model path not there yet. Changes nothing.",
+        "process holds, a model path not there yet. A server whose restart is held is compared with "
+        "the settings it runs: back to them, it is left alone. Changes nothing.",
     )
     plan.add_argument("file", nargs="?", metavar="FILE", help=f"config file (default: {CONFIG_DEFAULT})")
     state_dir_arg(plan)
@@ -114,16 +115,21 @@ def _applied(state_dir: Path) -> tuple[Any, dict[str, str], str]:
     """The config the running daemon applied (from its state file), each server's state in it,
     and a note saying what was compared."""
     from veloxd.config.roundtrip import config_from_dict
+    from veloxd.daemon.held import with_running
     from veloxd.daemon.statefile import read_state
     from veloxd.daemon.views import daemon_alive
 
     state = read_state(state_dir)
     if not state or not state.get("config") or not daemon_alive(state):
         return None, {}, "no running daemon found; planning against an empty state"
-    current = config_from_dict(state["config"])
-    states = {name: server.get("state") for name, server in (state.get("servers") or {}).items()}
+    servers = state.get("servers") or {}
+    # a server whose restart is held runs other settings than the config asks: compared with those
+    current = config_from_dict(with_running(state["config"], servers))
+    states = {name: server.get("state") for name, server in servers.items()}
+    held = sorted(name for name, server in servers.items() if server.get("held_runs"))
+    note = f"; a held restart ({', '.join(held)}) against the settings its server runs" if held else ""
     return (
         current,
         states,
-        f"against the config the running daemon applied ({state.get('config_path') or current.source})",
+        f"against the config the running daemon applied ({state.get('config_path') or current.source}){note}",
     )

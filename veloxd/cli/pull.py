@@ -11,11 +11,10 @@ import argparse
 import os
 import subprocess
 import sys
-import threading
 from pathlib import Path
 from typing import Any
 
-from veloxd import protocol
+from veloxd import lifeline, protocol
 from veloxd.launch import veloxd_argv
 from veloxd.paths import CONFIG_DEFAULT, default_config_path
 
@@ -52,7 +51,8 @@ def register(sub: Any) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.lifeline_fd is not None:
-        threading.Thread(target=_watch_lifeline, args=(args.lifeline_fd,), daemon=True).start()
+        # The daemon died: stop at once; the partial files stay for next time.
+        lifeline.watch(args.lifeline_fd, lambda: os._exit(1))
     if args.model:
         if args.names:
             print("veloxd pull: error: give server NAMEs or --model, not both", file=sys.stderr)
@@ -189,13 +189,3 @@ def _renderer(label: str, as_json: bool) -> Any:
 def _worst(codes: list[int]) -> int:
     """0 if all succeeded, else the first failure's code."""
     return next((code for code in codes if code != 0), 0)
-
-
-def _watch_lifeline(fd: int) -> None:
-    """The daemon's pipe reached EOF (it died): stop at once; the partial files stay for next time."""
-    try:
-        while os.read(fd, 64):
-            pass
-    except OSError:
-        pass
-    os._exit(1)

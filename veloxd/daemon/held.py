@@ -5,17 +5,19 @@ yet, used to stop the server and leave it WAITING: a good server taken down by a
 is not ready for. Such a restart is held instead: the old worker keeps serving with the settings
 it runs, status shows `restart held` and why, and the restart goes ahead (stop, then start with
 the new settings) once the conditions clear, looked at again with WAITING's backoff and at once
-when a watch sees the config or a model path change.
+when a watch sees the config or a model path change. An edit back to the settings the held server
+runs undoes the restart: the hold is dropped and nothing restarts (`undone`).
 
-The decision is pure (`blockers`, given the world check); the supervisor keeps the book.
+The decisions are pure (`blockers`, given the world check; `undone`); the supervisor keeps the book.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, Protocol, runtime_checkable
 
-from veloxd.config.plan import Plan
+from veloxd.config.plan import Plan, changed_keys
 from veloxd.config.world import Condition, entry_conditions, port_problem
 from veloxd.daemon.state import recheck_delay
 from veloxd.daemon.supervised import Supervised
@@ -94,6 +96,83 @@ def foreseen(
         if conditions:
             found[name] = conditions
     return found
+
+
+@runtime_checkable
+class Keyed(Protocol):
+    """An entry that tells its restart keys from its live ones (a server's, the gateway's)."""
+
+    def process_key(self) -> dict[str, Any]: ...
+
+    def live_key(self) -> dict[str, Any]: ...
+
+
+def live_changes(running: Supervised, desired: Supervised) -> tuple[str, ...] | None:
+    """The live keys to update when `desired` starts the very process `running` runs; None when
+    it would start another one (an entry without restart keys, the dashboard's: any difference)."""
+    if isinstance(running, Keyed) and isinstance(desired, Keyed):
+        if running.process_key() != desired.process_key():
+            return None
+        return changed_keys(running.live_key(), desired.live_key())
+    return () if running == desired else None
+
+
+def undone(plan: Plan, running: Mapping[str, Supervised], desired: Mapping[str, Supervised]) -> tuple[Plan, list[str]]:
+    """`plan` compared, for each held server (`running`: the entry it runs), with what it runs rather
+    than with the settings the last config asked of it: an edit back to those settings undoes the
+    held restart, so the server is updated in place (the live keys that differ) or left alone.
+    Returns that plan and the servers whose held restart it undoes."""
+    back = {
+        name: keys
+        for name, entry in running.items()
+        if name in desired and name not in plan.removed and (keys := live_changes(entry, desired[name])) is not None
+    }
+    if not back:
+        return plan, []
+    updated = {n: k for n, k in plan.updated.items() if n not in back} | {n: k for n, k in back.items() if k}
+    return (
+        replace(
+            plan,
+            changed={n: k for n, k in plan.changed.items() if n not in back},
+            updated=updated,
+            unchanged=(*(n for n in plan.unchanged if n not in back), *(n for n, k in back.items() if not k)),
+        ),
+        list(back),
+    )
+
+
+def running_document(entry: Supervised) -> dict[str, Any] | None:
+    """What a held server runs, as its config block is stored in the state file (env redacted),
+    so `veloxd plan` compares an edit with it (`with_running`); None for the dashboard's entry."""
+    from veloxd.config.gateway import GatewayEntry
+    from veloxd.config.model import ServerEntry
+    from veloxd.config.secrets import redact_env
+
+    if isinstance(entry, GatewayEntry):
+        return entry.gateway.to_dict()
+    if not isinstance(entry, ServerEntry):
+        return None
+    data = entry.to_dict()
+    if data.get("env"):
+        data["env"] = redact_env(data["env"], data.get("api_key_env"))
+    return data
+
+
+def with_running(config: Mapping[str, Any], servers: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The state file's config (`config_to_dict` form) with each held server's block replaced by the
+    one it runs (`held_runs` of its state): what a reload compares an edit with."""
+    from veloxd.config.gateway import GATEWAY_NAME
+
+    out = {**config, "servers": dict(config.get("servers") or {})}
+    for name, server in servers.items():
+        runs = server.get("held_runs") if isinstance(server, Mapping) else None
+        if not isinstance(runs, Mapping):
+            continue
+        if name == GATEWAY_NAME and out.get("gateway") is not None:
+            out["gateway"] = dict(runs)
+        elif name in out["servers"]:
+            out["servers"][name] = dict(runs)
+    return out
 
 
 @dataclass

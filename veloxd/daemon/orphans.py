@@ -1,7 +1,9 @@
 """End workers a previous daemon left behind, before this one binds their ports.
 
 A worker counts as ours only if its pid is alive AND started at the recorded start time
-(pids are reused; a bare pid could name somebody else's process).
+(pids are reused; a bare pid could name somebody else's process), and only while the daemon that
+recorded it is gone: a daemon still running (its lock file removed, so a second one got the lock)
+keeps its workers.
 """
 
 from __future__ import annotations
@@ -14,13 +16,17 @@ from typing import Any
 import psutil
 
 from veloxd.daemon.process import is_same_process
+from veloxd.daemon.statefile import live_daemon_pid
 
 MAX_GRACE_S = 10.0
 KILL_WAIT_S = 2.0  # after SIGKILL, until the process is gone and its port free
 
 
 def leftover_workers(previous_state: dict[str, Any] | None) -> list[dict[str, Any]]:
-    """Workers recorded in the previous state file that are still the same processes."""
+    """Workers recorded in the previous state file that are still the same processes (none while the
+    daemon that recorded them still runs: they are its workers, not orphans)."""
+    if live_daemon_pid(previous_state) is not None:
+        return []
     found = []
     records = dict((previous_state or {}).get("servers") or {})
     dashboard = (previous_state or {}).get("dashboard")
@@ -37,6 +43,10 @@ def leftover_workers(previous_state: dict[str, Any] | None) -> list[dict[str, An
 
 def end_orphans(previous_state: dict[str, Any] | None, log: Any) -> list[int]:
     """SIGTERM each leftover worker's group, SIGKILL whoever outlives its grace; return their pids."""
+    owner = live_daemon_pid(previous_state)
+    if owner is not None:
+        log.error("orphans_spared", daemon_pid=owner, reason="recording_daemon_alive")
+        return []
     orphans = leftover_workers(previous_state)
     for orphan in orphans:
         log.warning("orphan_found", server=orphan["server"], pid=orphan["pid"], port=orphan.get("port"))

@@ -13,6 +13,7 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
+from veloxd.daemon.process import is_same_process
 from veloxd.files import write_json_atomic
 
 STATE_FILE = "state.json"
@@ -90,7 +91,16 @@ def read_state(state_dir: Path) -> dict[str, Any] | None:
 
 
 class AlreadyRunning(RuntimeError):
-    """Another daemon holds the lock on this state directory."""
+    """Another daemon holds the lock on this state directory (`holder`: the pid its lock file names,
+    if it names one), or still runs with it after its lock file was removed."""
+
+    def __init__(self, message: str, holder: str | None = None) -> None:
+        super().__init__(message)
+        self.holder = holder
+
+
+def lock_path(state_dir: Path) -> Path:
+    return Path(state_dir) / LOCK_FILE
 
 
 def acquire_lock(state_dir: Path) -> IO[str]:
@@ -98,7 +108,7 @@ def acquire_lock(state_dir: Path) -> IO[str]:
 
     Returns the open lock file (keep it referenced). Raises AlreadyRunning naming the holder.
     """
-    path = Path(state_dir) / LOCK_FILE
+    path = lock_path(state_dir)
     try:
         handle = open(path, "a+", encoding="utf-8")  # noqa: SIM115 - held open for the daemon's life
     except OSError as err:
@@ -110,9 +120,16 @@ def acquire_lock(state_dir: Path) -> IO[str]:
         fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         handle.seek(0)
-        holder = handle.read(32).strip() or "unknown pid"  # a pid: bounded, whatever the file holds
+        holder = handle.read(32).strip() or None  # a pid: bounded, whatever the file holds
         handle.close()
-        raise AlreadyRunning(f"another veloxd daemon (pid {holder}) is running with state dir {state_dir}") from None
+        if holder is None:  # written on a full disk: the lock is held all the same
+            raise AlreadyRunning(
+                f"another veloxd daemon is running with state dir {state_dir} "
+                f"(unknown pid: its lock file {path} records none)"
+            ) from None
+        raise AlreadyRunning(
+            f"another veloxd daemon (pid {holder}) is running with state dir {state_dir}", holder
+        ) from None
     try:
         handle.seek(0)
         handle.truncate()
@@ -120,6 +137,18 @@ def acquire_lock(state_dir: Path) -> IO[str]:
         handle.flush()
     except OSError:
         # A full disk: the lock is held all the same. The pid only names the holder to a second
-        # daemon ("unknown pid" without it); the state writer reports the disk itself.
+        # daemon (which says the pid is unknown without it); the state writer reports the disk itself.
         pass
     return handle
+
+
+def live_daemon_pid(state: dict[str, Any] | None) -> int | None:
+    """The pid of the daemon `state` records (`state["daemon"]`) while that very process still runs
+    (same pid and start time: a reused pid is somebody else), else None. Never this process."""
+    daemon = (state or {}).get("daemon")
+    if not isinstance(daemon, dict):
+        return None
+    pid, start_time = daemon.get("pid"), daemon.get("start_time")
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1 or pid == os.getpid():
+        return None
+    return pid if isinstance(start_time, str) and is_same_process(pid, start_time) else None

@@ -6,7 +6,8 @@ Unchanged servers are not touched; live-only updates replace the entry without a
 Rollouts of one lane run one after another; the dashboard has a lane of its own (it holds no
 model memory and no port a server needs), so its restart never waits behind a server's stop.
 A READY server whose new settings cannot start yet (a port another process holds, a model path
-not there yet) is not stopped: its restart is held until they can (veloxd.daemon.held).
+not there yet) is not stopped: its restart is held until they can (veloxd.daemon.held); an
+edit back to the settings it runs drops the hold, and it is not restarted.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from veloxd.daemon import messages as m
-from veloxd.daemon.held import Held, blockers, held, holds, still_held
+from veloxd.daemon.held import Held, blockers, held, holds, running_document, still_held, undone
 from veloxd.daemon.server import ServerProcess
 from veloxd.daemon.spawner import Spawner
 from veloxd.daemon.state import ServerState
@@ -57,8 +58,10 @@ class Supervisor:
         """Apply a config plan: stop removed+changed, update live-only, then start changed+added.
 
         A FATAL server whose entry changed at all (even a live-only key such as a longer
-        ready_timeout_s) is started again: the user has acted on it.
+        ready_timeout_s) is started again: the user has acted on it. A held server is compared
+        with the settings it runs: the plan restarts it only if the new ones differ from those.
         """
+        plan = self._drop_undone(plan, desired)
         revived = [n for n in plan.updated if n in self.servers and self.servers[n].state is ServerState.FATAL]
         holding = self._hold(plan, desired, lane, now)
         plan_changed = [n for n in plan.changed if n not in holding]
@@ -84,6 +87,17 @@ class Supervisor:
                     self.servers[name] = self._new(desired[name])
         stop = {*plan.removed, *plan_changed, *revived}
         self.begin(Rollout(stop=stop, start=to_start, remove=set(plan.removed), lane=lane), now)
+
+    def _drop_undone(self, plan: Plan, desired: Mapping[str, Supervised]) -> Plan:
+        """Drop the hold of each held server the edit puts back on the settings it runs: no restart."""
+        running = {n: self.servers[n].entry for n in self.held if n in self.servers}
+        plan, dropped = undone(plan, running, desired)
+        for name in dropped:
+            del self.held[name]
+            self.changes.bump()  # pending, held_reason
+            pid = self.servers[name].pid
+            self._log.info("server_restart_hold_dropped", server=name, pid=pid, reason="desired_matches_running")
+        return plan
 
     def _hold(self, plan: Plan, desired: Mapping[str, Supervised], lane: str, now: float) -> set[str]:
         """Hold the restart of every changed READY server whose new settings cannot start yet."""
@@ -254,6 +268,7 @@ class Supervisor:
                 **server.snapshot(),
                 "pending": pending.get(name),
                 "held_reason": self.held[name].reason if name in self.held else None,
+                "held_runs": running_document(server.entry) if name in self.held else None,  # for `veloxd plan`
             }
             for name, server in sorted(self.servers.items())
         }

@@ -12,9 +12,9 @@ from __future__ import annotations
 import os
 import queue
 import stat
-import threading
 from typing import Any
 
+from veloxd import lifeline
 from veloxd.daemon import messages as m
 from veloxd.daemon.statefile import StartupError
 
@@ -30,20 +30,6 @@ def check_lifeline_fd(fd: int) -> None:
     os.set_inheritable(fd, False)  # the workers have their own lifeline; they must not hold this one
 
 
-def wait_eof(fd: int) -> None:
-    """Block until fd reaches EOF (bytes written to it are ignored) or fails."""
-    try:
-        while os.read(fd, 64):
-            pass
-    except OSError:
-        pass
-
-
 def watch_wrapper(fd: int, inbox: queue.SimpleQueue[Any]) -> None:
     """Enqueue WrapperGone once fd reaches EOF (a daemon thread: it only enqueues)."""
-
-    def watch() -> None:
-        wait_eof(fd)
-        inbox.put(m.WrapperGone(fd))
-
-    threading.Thread(target=watch, name="wrapper-lifeline", daemon=True).start()
+    lifeline.watch(fd, lambda: inbox.put(m.WrapperGone(fd)), name="wrapper-lifeline")

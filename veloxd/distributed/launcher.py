@@ -32,6 +32,7 @@ import threading
 from collections.abc import Callable, Sequence
 from typing import IO, Any
 
+from veloxd import lifeline
 from veloxd.distributed.rank_lines import tag
 
 STOP_GRACE_S = 20.0  # after SIGTERM to the ranks, kill the local processes still there
@@ -158,11 +159,7 @@ class Pump:
 
 def watch_lifeline(fd: int, events: queue.SimpleQueue) -> None:
     """EOF on the daemon's pipe: stop like SIGTERM, and make sure nothing of the group survives."""
-    try:
-        while os.read(fd, 64):
-            pass
-    except OSError:
-        pass
+    lifeline.wait_eof(fd)
     events.put(("stop", "lifeline"))
     timer = threading.Timer(LIFELINE_HARD_S, os.killpg, args=(os.getpgrp(), signal.SIGKILL))
     timer.daemon = True

@@ -3,15 +3,15 @@
 Connects to the daemon's control socket (VELOXD_CONTROL_SOCKET), binds host:port, prints the
 READY line the supervisor waits for, serves until SIGTERM/SIGINT or until the daemon's lifeline
 closes. Besides /v1 it serves the dashboard and /metrics (veloxd.gateway.dashboard), sampling the
-daemon over the same socket. Exit codes: 0 stopped, 2 cannot bind (retrying cannot help), 3 no
-daemon to talk to.
+daemon over the same socket. Exit codes (veloxd.protocol.ExitCode): 0 stopped, 2 started by hand
+(no control socket), 3 no daemon to talk to, 4 the port cannot be bound (the daemon waits for it,
+as for a worker's).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from aiohttp import web
 
+from veloxd import lifeline
 from veloxd.config.sections import Dashboard
 from veloxd.daemon.client import DaemonClient
 from veloxd.daemon.control import DaemonUnreachable
@@ -27,9 +28,16 @@ from veloxd.gateway.connections import GatewayRunner, accept_failures
 from veloxd.gateway.fleet import Fleet
 from veloxd.gateway.idle import unload_when_idle
 from veloxd.gateway.limits import ConnectionLimits
+from veloxd.protocol import (
+    CONTROL_SOCKET_ENV,
+    LIFELINE_GRACE_S,
+    READY_SCHEMA_VERSION,
+    ExitCode,
+    ReadyPayload,
+    format_ready,
+)
 from veloxd.web.monitor import Monitor
 
-READY_PREFIX = "VELOXD_READY "
 FIRST_VIEW_TIMEOUT_S = 30.0
 
 
@@ -40,22 +48,14 @@ async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     if lifeline_fd is not None:
-
-        def on_lifeline() -> None:
-            with contextlib.suppress(OSError):
-                if os.read(lifeline_fd, 64):
-                    return
-            loop.remove_reader(lifeline_fd)
-            stop.set()  # EOF: the daemon died
-
-        loop.add_reader(lifeline_fd, on_lifeline)
+        lifeline.watch(lifeline_fd, lambda: loop.call_soon_threadsafe(_daemon_gone, stop))
     daemon = DaemonClient(socket=Path(socket_path))  # one client: the fleet's and the dashboard's
     fleet = Fleet(daemon)
     try:
         await asyncio.wait_for(fleet.refresh(), FIRST_VIEW_TIMEOUT_S)
     except (TimeoutError, DaemonUnreachable) as err:
         print(f"veloxd gateway: error: {err}", file=sys.stderr, flush=True)
-        return 3
+        return ExitCode.FAILED
     sampling = Dashboard()  # the `dashboard:` block's defaults (the block itself is for the sidecar only)
     monitor = Monitor(daemon, sampling.interval_s, sampling.history)
     app = build_app(fleet, monitor=monitor, host=host, port=port)
@@ -66,11 +66,11 @@ async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None)
     except OSError as err:
         print(f"veloxd gateway: error: cannot bind {host}:{port} ({err.strerror or err})", file=sys.stderr, flush=True)
         await runner.cleanup()
-        return 2
+        return ExitCode.PORT_IN_USE
     tasks = [asyncio.create_task(fleet.follow_view()), asyncio.create_task(unload_when_idle(fleet))]
     shown = f"[{host}]" if ":" in host else host
-    payload = {
-        "schema_version": 1,
+    payload: ReadyPayload = {
+        "schema_version": READY_SCHEMA_VERSION,
         "model": "-",
         "method": "gateway",
         "host": host,
@@ -83,19 +83,27 @@ async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None)
         },
         "servers": sorted(fleet.servers),
     }
-    print(READY_PREFIX + json.dumps(payload), flush=True)
+    print(format_ready(payload), flush=True)
     await stop.wait()
     for task in tasks:
         task.cancel()
     await runner.cleanup()
-    return 0
+    return ExitCode.OK
+
+
+def _daemon_gone(stop: asyncio.Event) -> None:
+    """EOF on the lifeline: stop cleanly, and leave within LIFELINE_GRACE_S whatever happens."""
+    lifeline.exit_after(LIFELINE_GRACE_S, ExitCode.OK)
+    stop.set()
+    with contextlib.suppress(OSError):  # the daemon died: nobody may read stderr any more (EPIPE)
+        print("veloxd gateway: the daemon's lifeline closed; exiting", file=sys.stderr, flush=True)
 
 
 def run(host: str, port: int, lifeline_fd: int | None) -> int:
-    socket_path = os.environ.get("VELOXD_CONTROL_SOCKET")
+    socket_path = os.environ.get(CONTROL_SOCKET_ENV)
     if not socket_path:
         print(
-            "veloxd gateway: error: VELOXD_CONTROL_SOCKET is not set (the daemon starts the gateway)", file=sys.stderr
+            f"veloxd gateway: error: {CONTROL_SOCKET_ENV} is not set (the daemon starts the gateway)", file=sys.stderr
         )
-        return 2
+        return ExitCode.INVALID
     return asyncio.run(serve(host, port, socket_path, lifeline_fd))

@@ -7,11 +7,14 @@ aiohttp's general client costs several times the CPU of this per request (measur
 Chunked bodies are decoded too, so a worker that changes its framing still works.
 Every wait on the worker is bounded (`Timeouts`: connect, first byte, each gap between reads):
 a hung worker costs a request its timeout, never the client's patience.
+A request is sent at most once: a connection that breaks after the request went out is
+`UpstreamLost`, never a reason to send it again (the worker may have been generating for it).
 """
 
 from __future__ import annotations
 
 import asyncio
+import select
 from collections.abc import AsyncIterator, Awaitable, Mapping
 from dataclasses import dataclass, field
 from typing import TypeVar
@@ -27,7 +30,8 @@ class UpstreamUnreachable(Exception):
 
 
 class UpstreamLost(Exception):
-    """The connection broke before any answer: the worker may have died, or reset it alive."""
+    """The connection broke after the request was sent, before any answer: the worker may have
+    died while generating for it, or reset it alive. Not safe to send again."""
 
 
 class UpstreamBroken(Exception):
@@ -130,10 +134,12 @@ class Spares:
         self._tasks: set[asyncio.Task[None]] = set()
 
     def take(self, host: str, port: int) -> tuple[asyncio.StreamReader, asyncio.StreamWriter] | None:
+        """A spare the worker has not closed, or None. Checked before use, since a request sent on
+        it is never sent again: a spare that then turns out closed costs the request a 502."""
         idle = self._idle.get((host, port), [])
         while idle:
             reader, writer = idle.pop()
-            if not reader.at_eof() and not writer.is_closing():
+            if not reader.at_eof() and not writer.is_closing() and _quiet(writer):
                 return reader, writer
             writer.close()
         return None
@@ -164,6 +170,19 @@ class Spares:
         self._idle.clear()
 
 
+def _quiet(writer: asyncio.StreamWriter) -> bool:
+    """Nothing to read on an unused connection: the worker has not closed or reset it.
+
+    Asks the socket, not the stream: the kernel may hold a close the event loop has not read yet.
+    """
+    sock = writer.get_extra_info("socket")
+    if sock is None:
+        return False
+    poller = select.poll()  # not select.select: the gateway's descriptors may be above FD_SETSIZE
+    poller.register(sock.fileno(), select.POLLIN)
+    return not poller.poll(0)
+
+
 async def post(
     host: str,
     port: int,
@@ -173,25 +192,25 @@ async def post(
     spares: Spares | None = None,
     timeouts: Timeouts = DEFAULT_TIMEOUTS,
 ) -> Upstream:
-    """Send one POST and read the answer's status line and headers (on a spare connection if there is one)."""
+    """Send one POST and read the answer's status line and headers (on a spare connection if there is one).
+
+    Raises UpstreamUnreachable when no connection could be made (nothing was sent), UpstreamLost
+    when the connection broke after the request was sent: the caller must not send it again.
+    """
     spare = spares.take(host, port) if spares is not None else None
     if spares is not None:
         spares.refill(host, port)
-    if spare is not None:
+    if spare is None:
         try:
-            return await _exchange(*spare, host, port, path, body, headers, timeouts)
-        except UpstreamLost:
-            pass  # closed by the worker while idle (it never saw this request): a fresh connection decides
-    try:
-        reader, writer = await _bounded(
-            asyncio.open_connection(host, port, limit=MAX_HEADER_BYTES),
-            timeouts.connect_timeout_s,
-            "connect_timeout_s",
-            "connection",
-        )
-    except OSError as err:
-        raise UpstreamUnreachable(f"{host}:{port}: {err.strerror or err}") from None
-    return await _exchange(reader, writer, host, port, path, body, headers, timeouts)
+            spare = await _bounded(
+                asyncio.open_connection(host, port, limit=MAX_HEADER_BYTES),
+                timeouts.connect_timeout_s,
+                "connect_timeout_s",
+                "connection",
+            )
+        except OSError as err:
+            raise UpstreamUnreachable(f"{host}:{port}: {err.strerror or err}") from None
+    return await _exchange(*spare, host, port, path, body, headers, timeouts)
 
 
 async def _exchange(

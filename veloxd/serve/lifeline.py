@@ -13,7 +13,7 @@ import sys
 import threading
 from typing import Any
 
-from veloxd import protocol
+from veloxd import lifeline, protocol
 from veloxd.protocol import LIFELINE_GRACE_S, ExitCode
 
 
@@ -39,20 +39,15 @@ class Stopper:
             threading.Thread(target=self.handle.httpd.shutdown, daemon=True).start()
 
 
-def watch_lifeline(fd: int, stopper: Stopper) -> None:
-    """Block on the daemon's pipe; EOF means the daemon died: leave within a second."""
-    try:
-        while os.read(fd, 64):
-            pass
-    except OSError:
-        pass
+def on_lifeline_closed(stopper: Stopper) -> None:
+    """The daemon died: leave within LIFELINE_GRACE_S."""
     if stopper.handle is None:  # still importing or loading: nothing to close cleanly, leave now
         stopper.stop(ExitCode.OK, "the daemon's lifeline closed while starting; exiting")
         os._exit(ExitCode.OK)
-    threading.Timer(LIFELINE_GRACE_S, os._exit, args=(ExitCode.OK,)).start()  # a clean stop that hangs
+    lifeline.exit_after(LIFELINE_GRACE_S, ExitCode.OK)  # a clean stop that hangs
     stopper.stop(ExitCode.OK, "the daemon's lifeline closed; exiting")
 
 
 def start_watch(fd: int | None, stopper: Stopper) -> None:
     if fd is not None:
-        threading.Thread(target=watch_lifeline, args=(fd, stopper), name="lifeline", daemon=True).start()
+        lifeline.watch(fd, lambda: on_lifeline_closed(stopper))

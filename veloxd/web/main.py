@@ -2,14 +2,14 @@
 
 It speaks the worker protocol, so the daemon supervises it like a server: it binds its port,
 prints `VELOXD_READY {json}`, answers GET /health, stops on SIGTERM/SIGINT, and exits when the
-daemon's lifeline pipe closes. Exit codes: 0 stopped, 2 invalid input or port in use.
+daemon's lifeline pipe closes. Exit codes (veloxd.protocol.ExitCode): 0 stopped, 2 invalid input,
+4 the port cannot be bound (the daemon waits for it, as for a worker's).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import sys
@@ -18,11 +18,10 @@ from pathlib import Path
 
 from aiohttp import web
 
-from veloxd.protocol import READY_PREFIX
+from veloxd import lifeline
+from veloxd.protocol import LIFELINE_GRACE_S, READY_SCHEMA_VERSION, ExitCode, ReadyPayload, format_ready
 from veloxd.web.app import add_routes
 from veloxd.web.monitor import DaemonClient, Monitor
-
-EXIT_GRACE_S = 3.0
 
 
 @dataclass(frozen=True)
@@ -64,7 +63,7 @@ async def serve(options: WebOptions) -> int:
                 file=sys.stderr,
                 flush=True,
             )
-            return 2
+            return ExitCode.INVALID
     runner = web.AppRunner(build_app(options, api_key), handle_signals=False, access_log=None)
     await runner.setup()
     try:
@@ -76,42 +75,35 @@ async def serve(options: WebOptions) -> int:
             flush=True,
         )
         await runner.cleanup()
-        return 2
+        return ExitCode.PORT_IN_USE
     shown = f"[{options.host}]" if ":" in options.host else options.host
     url = f"http://{shown}:{options.port}/"
-    payload = {
-        "schema_version": 1,
+    payload: ReadyPayload = {
+        "schema_version": READY_SCHEMA_VERSION,
         "pid": os.getpid(),
         "host": options.host,
         "port": options.port,
         "endpoints": {"dashboard": url, "metrics": url + "metrics", "health": url + "health"},
         "actions": api_key is not None,
     }
-    print(READY_PREFIX + json.dumps(payload, sort_keys=True), flush=True)
+    print(format_ready(payload), flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     if options.lifeline_fd is not None:
-        loop.add_reader(options.lifeline_fd, _on_lifeline, options.lifeline_fd, stop)
+        lifeline.watch(options.lifeline_fd, lambda: loop.call_soon_threadsafe(_daemon_gone, stop))
     await stop.wait()
     await runner.cleanup()
-    return 0
+    return ExitCode.OK
 
 
-def _on_lifeline(fd: int, stop: asyncio.Event) -> None:
-    """The daemon's pipe is readable: data (ignored) or EOF, which means the daemon is gone."""
-    try:
-        data = os.read(fd, 64)
-    except OSError:
-        data = b""
-    if not data:
-        loop = asyncio.get_running_loop()
-        loop.remove_reader(fd)
-        stop.set()
-        loop.call_later(EXIT_GRACE_S, os._exit, 0)  # if a clean stop hangs, still leave
-        with contextlib.suppress(OSError):  # the daemon died: nobody may read stderr any more (EPIPE)
-            print("veloxd web: the daemon's lifeline closed; exiting", file=sys.stderr, flush=True)
+def _daemon_gone(stop: asyncio.Event) -> None:
+    """EOF on the lifeline: stop cleanly, and leave within LIFELINE_GRACE_S whatever happens."""
+    lifeline.exit_after(LIFELINE_GRACE_S, ExitCode.OK)
+    stop.set()
+    with contextlib.suppress(OSError):  # the daemon died: nobody may read stderr any more (EPIPE)
+        print("veloxd web: the daemon's lifeline closed; exiting", file=sys.stderr, flush=True)
 
 
 def main(options: WebOptions) -> int:
