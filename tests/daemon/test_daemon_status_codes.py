@@ -22,7 +22,7 @@ from tests.fixtures.daemon_harness import DaemonHarness, wait_for
 from tests.gateway.support import GATEWAY, fake_entry, gateway_yaml, model_dir, post
 from tests.support import REPO, free_port
 from tests.web.support import Page
-from veloxd.daemon.exitcodes import TABLE, exit_code, markdown_table
+from veloxd.daemon.exitcodes import NOT_ANSWERING, TABLE, exit_code, markdown_table
 
 ALIVE = {"daemon": {"running": True}, "last_reload": {"ok": True}, "degraded": False}
 
@@ -34,6 +34,7 @@ def server(state: str, start: str = "always", pending: str | None = None) -> dic
 # One state file per row of TABLE, in its order; `alive` is whether the daemon's process runs.
 ROW_EXAMPLES: list[tuple[dict[str, Any] | None, bool]] = [
     ({**ALIVE, "servers": {"a": server("ready")}}, False),
+    ({**ALIVE, NOT_ANSWERING: "timed out", "servers": {"a": server("ready")}}, True),
     ({**ALIVE, "degraded": True, "servers": {}}, True),
     ({**ALIVE, "servers": {"a": server("ready", pending="restart"), "b": server("stopped", "on_demand")}}, True),
     ({**ALIVE, "servers": {"a": server("stopped"), "b": server("ready", "on_demand")}}, True),
@@ -163,3 +164,22 @@ def test_console_prints_a_crashed_workers_traceback_once(tmp_path: Path) -> None
         assert len(exited) == 2 and all("last_error='RuntimeError: worker boom at load'" in x for x in exited)
     finally:
         h.cleanup()
+
+
+def test_a_daemon_that_does_not_answer_is_not_up(harness: DaemonHarness, tmp_path: Path) -> None:
+    """SIGSTOP: the process lives but cannot act; status shows its last state file and exits 3."""
+    h = harness
+    h.write(gateway_yaml({"port": free_port()}, {"eager": fake_entry(model_dir(tmp_path, "e"), port=free_port())}))
+    h.start()
+    h.wait_states({GATEWAY: "ready", "eager": "ready"})
+    assert h.cli("status").returncode == 0
+    assert h.proc is not None
+    os.kill(h.proc.pid, signal.SIGSTOP)
+    try:
+        status = h.cli("status")
+    finally:
+        os.kill(h.proc.pid, signal.SIGCONT)
+    assert status.returncode == 3, status.stdout
+    assert "NOT ANSWERING on its control socket" in status.stdout.splitlines()[0]
+    assert "the daemon did not answer" in status.stderr
+    wait_for(lambda: h.cli("status").returncode == 0, 60, "status exit 0 once the daemon runs again")

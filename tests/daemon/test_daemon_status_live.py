@@ -95,3 +95,6 @@ def test_status_asks_a_running_daemon_that_has_no_state_file(h: DaemonHarness) -
     assert row[1] == "ready" and row[2] == str(ready["pid"]), status.stdout
     assert "state file: cannot be written (" in status.stdout and status.returncode == 0
     assert json.loads(h.cli("status", "--json").stdout)["servers"]["alpha"]["pid"] == ready["pid"]
+    logs = h.cli("logs", "-n", "50")  # finds the log the daemon writes by asking it, too
+    assert logs.returncode == 0 and "no daemon is running" not in logs.stderr, logs.stderr
+    assert any(json.loads(line).get("event") == "server_ready" for line in logs.stdout.splitlines()), logs.stdout

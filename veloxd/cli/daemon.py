@@ -119,6 +119,7 @@ def run(args: argparse.Namespace) -> int:
     from veloxd.daemon.daemon import Daemon, RunOptions
     from veloxd.daemon.logs import configure_logging
     from veloxd.daemon.process import default_worker_command
+    from veloxd.daemon.statedir_guard import refuse_live_daemon
     from veloxd.daemon.statefile import AlreadyRunning, StartupError, acquire_lock, ensure_state_dir
 
     config = (args.config or paths.default_config_path()).expanduser().absolute()
@@ -134,13 +135,19 @@ def run(args: argparse.Namespace) -> int:
         print(f"veloxd run: error: {err}", file=sys.stderr)
         return 1
     try:
+        refuse_live_daemon(state_dir)  # the lock proves nothing once its file was removed
+    except AlreadyRunning as err:
+        print(f"veloxd run: error: {err}", file=sys.stderr)
+        lock.close()
+        return 1
+    try:
         configure_logging(log_file, log_format=args.log_format, level=getattr(logging, args.log_level.upper()))
     except OSError as err:
         print(f"veloxd run: error: cannot open the log file {log_file}: {err.strerror or err}", file=sys.stderr)
         lock.close()
         return 1
     try:
-        return Daemon(RunOptions(config, log_file, state_dir, worker, args.lifeline_fd)).run()
+        return Daemon(RunOptions(config, log_file, state_dir, worker, args.lifeline_fd, lock)).run()
     except StartupError as err:
         print(f"veloxd run: error: {err}", file=sys.stderr)
         return 1
@@ -174,6 +181,7 @@ def _live_state(state_dir: Path, state: dict | None) -> dict | None:
     missing (a full disk or a read-only directory stops the writes, not the daemon; one started on a
     full disk never wrote it). The file when no daemon answers."""
     from veloxd.daemon.control import DaemonUnreachable, request, socket_path
+    from veloxd.daemon.exitcodes import NOT_ANSWERING
     from veloxd.daemon.views import daemon_alive
 
     if state is None:
@@ -185,9 +193,10 @@ def _live_state(state_dir: Path, state: dict | None) -> dict | None:
     try:
         answer = request(state_dir, {"command": "status"}, timeout=STATUS_TIMEOUT_S)
     except (DaemonUnreachable, OSError, ValueError) as err:
-        if state is not None:
-            print(f"veloxd status: the daemon did not answer ({err}); showing its state file", file=sys.stderr)
-        return state
+        if state is None:
+            return None
+        print(f"veloxd status: the daemon did not answer ({err}); showing its state file", file=sys.stderr)
+        return {**state, NOT_ANSWERING: str(err)}  # exit 3: a daemon that cannot act is not "up"
     live = answer.get("state") if answer.get("ok") else None
     return live if isinstance(live, dict) else state
 
@@ -246,6 +255,8 @@ def logs(args: argparse.Namespace) -> int:
     from veloxd.daemon.views import follow, log_mismatch, read_lines
 
     state = read_state(_state_dir(args))
+    if state is None:  # never written (a full disk, a read-only directory): the live daemon knows its log
+        state = _live_state(_state_dir(args), None)
     recorded = ((state or {}).get("daemon") or {}).get("log_file")
     log_file = (args.log_file or (Path(recorded) if recorded else paths.default_log_file())).expanduser()
     problem = log_mismatch(state, log_file)

@@ -12,6 +12,8 @@ from collections.abc import Mapping
 from typing import Any
 
 EXIT_READY, EXIT_NOT_RUNNING, EXIT_NOT_READY = 0, 1, 3
+# Set by `veloxd status` on a state file it shows because the live daemon did not answer.
+NOT_ANSWERING = "daemon_not_answering"
 
 # The states in which a server counts as "as configured", by its `start:` mode.
 SETTLED_STATES: Mapping[str, frozenset[str]] = {
@@ -22,6 +24,12 @@ SETTLED_STATES: Mapping[str, frozenset[str]] = {
 # (daemon, servers, code): read top to bottom, the first row that applies decides.
 TABLE: tuple[tuple[str, str, int], ...] = (
     ("not running, or never ran with this state directory", "any", EXIT_NOT_RUNNING),
+    (
+        "running, but not answering on its control socket (stopped, e.g. by SIGSTOP, or hung): what status shows "
+        "is its last state file",
+        "any",
+        EXIT_NOT_READY,
+    ),
     ("running, but no valid config was ever loaded, or the last reload was refused", "any", EXIT_NOT_READY),
     (
         "running",
@@ -59,6 +67,8 @@ def exit_code(state: Mapping[str, Any] | None, alive: bool) -> int:
     """The code for this state file, `alive` saying whether its daemon process still runs."""
     if state is None or not alive:
         return EXIT_NOT_RUNNING
+    if state.get(NOT_ANSWERING):
+        return EXIT_NOT_READY
     reload = state.get("last_reload") or {}
     if state.get("degraded") or not reload.get("ok", True):
         return EXIT_NOT_READY

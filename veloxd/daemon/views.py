@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, TextIO
 
-from veloxd.daemon.exitcodes import exit_code
+from veloxd.daemon.exitcodes import NOT_ANSWERING, exit_code
 from veloxd.daemon.process import is_same_process
 from veloxd.download.progress import summary
 
@@ -96,6 +96,11 @@ def render_status(state: dict[str, Any]) -> str:
     daemon = state.get("daemon") or {}
     alive = daemon_alive(state)
     lines = [f"daemon: {'running, pid ' + str(daemon.get('pid')) if alive else 'not running'}"]
+    if alive and state.get(NOT_ANSWERING):
+        lines[0] += (
+            f", NOT ANSWERING on its control socket ({state[NOT_ANSWERING]}): stopped or hung?"
+            " below is its last state file, which may be stale"
+        )
     sha = state.get("config_sha256")
     config = state.get("config_path", "?")
     lines.append(f"config: {config}" + (f" (sha256 {sha[:12]})" if sha else " (no valid config: degraded)"))
