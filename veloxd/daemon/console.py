@@ -17,7 +17,7 @@ from typing import Any, TextIO
 import structlog
 from structlog.dev import Column, ConsoleRenderer, KeyValueColumnFormatter, LogLevelColumnFormatter
 
-from veloxd import protocol
+from veloxd.daemon.process import exit_account
 
 # Keys never shown on the console: the event name already says them, or they only matter to tools.
 HIDDEN = frozenset(
@@ -105,7 +105,7 @@ def _last_error(event: dict[str, Any]) -> str | None:
     tail = event.get("last_lines")
     if event.get("event") != "server_exited" or not isinstance(tail, dict) or event.get("expected", False):
         return None
-    return protocol.last_notable_line([str(line) for line in tail.get("stderr") or []])
+    return exit_account(tail)
 
 
 def compact(event: Mapping[str, Any], *, with_date: bool = False) -> dict[str, Any]:

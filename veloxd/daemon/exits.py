@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from veloxd import protocol
 from veloxd.config.world import Condition
-from veloxd.daemon.process import describe_exit
+from veloxd.daemon.process import describe_exit, exit_account
 from veloxd.daemon.state import ServerState
 
 S = ServerState
@@ -59,7 +59,7 @@ def after_exit(
     last_error = None  # unresponsive: the error set when it was killed says why
     if reason != "unresponsive":
         exit_text = describe_exit(returncode)
-        last_error = protocol.last_notable_line(tail.get("stderr", [])) or (
+        last_error = exit_account(tail) or (
             f"{reason}: {exit_text['signal'] or 'code ' + str(exit_text['code'])}"
         )
     unfixable = refused

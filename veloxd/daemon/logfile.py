@@ -9,7 +9,7 @@ A record that cannot be written (a full disk: ENOSPC; a removed, read-only or re
 directory: ENOENT, EACCES, EROFS, ENOTDIR) is counted, never printed as Python's `--- Logging
 error ---` on stderr. When writing works again, the first record in the file is
 `log_write_recovered` with how many records were lost and since when, as the state file does
-with `state_write_failed` / `state_write_recovered` (veloxd/daemon/daemon.py).
+with `state_write_failed` / `state_write_recovered` (veloxd/daemon/statewriter.py).
 """
 
 from __future__ import annotations

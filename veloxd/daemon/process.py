@@ -206,6 +206,13 @@ def error_line(tail: Mapping[str, list[str]]) -> str | None:
     return _cap(raised[-1]) if raised else None
 
 
+def exit_account(tail: Mapping[str, list[str]]) -> str | None:
+    """Why a worker exited, in one line, wherever it is shown (status, the console, the verdict):
+    its own account (`error_line`), else its last notable stderr line (not routine progress)."""
+    notable = protocol.last_notable_line([str(line) for line in tail.get("stderr") or []])
+    return error_line(tail) or (_cap(notable) if notable else None)
+
+
 def _is_exception_line(line: str) -> bool:
     head = line.split(":", 1)[0]
     return ":" in line and head.endswith(("Error", "Exception")) and " " not in head

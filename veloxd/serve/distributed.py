@@ -181,7 +181,7 @@ def serve_rank(options: ServeOptions, stopper: Stopper | None = None) -> int:
         refused = f"error: cannot shard {options.model}: {err}"
     if refused:
         print(f"{protocol.WORKER_PREFIX}{refused}", file=sys.stderr)
-        return 2
+        return protocol.ExitCode.INVALID
     group = mx.distributed.init()
     if group.size() < 2:
         print(
@@ -189,7 +189,7 @@ def serve_rank(options: ServeOptions, stopper: Stopper | None = None) -> int:
             "(start it with mlx.launch, as the daemon does for a `distributed:` entry)",
             file=sys.stderr,
         )
-        return 2
+        return protocol.ExitCode.INVALID
     rank = group.rank()
     logging.basicConfig(level=logging.INFO, format="%(asctime)s - %(levelname)s - %(message)s")
     if stopper is None:  # called without the early watch (tests, by hand): watch the lifeline here
@@ -216,20 +216,21 @@ def serve_rank(options: ServeOptions, stopper: Stopper | None = None) -> int:
     provider = PinnedProvider(
         mlx_server_args(options, pipeline=options.distributed == "pipeline"), names, on_loaded, options.limits
     )
-    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):  # SIGHUP: a remote rank's ssh went away
-        signal.signal(signum, lambda *_: stopper.stop(0))
+    stopper.stop_on_signals(signal.SIGTERM, signal.SIGINT, signal.SIGHUP)  # SIGHUP: a remote rank's ssh went away
     if rank != 0:
         generator = start_generator(provider)
         threading.Thread(target=watch_generation, args=(generator, stopper), daemon=True).start()
         stopper.stopped.wait()
-        return stopper.code or 0
+        return stopper.code or protocol.ExitCode.OK
     handle = bind_server(options, provider, model_id, names)
     if handle is None:
         return protocol.ExitCode.PORT_IN_USE
     stopper.handle = handle
+    if stopper.code is not None:  # the lifeline closed while loading: the timer ends us anyway
+        return stopper.code
     threading.Thread(target=watch_generation, args=(handle.generator, stopper), daemon=True).start()
     if stopper.code is None:
         handle.serve_forever()
     # The generation thread may wait in a collective for ranks that are gone: do not wait long.
     handle.close(join_timeout=1.0)
-    return stopper.code or 0
+    return stopper.code or protocol.ExitCode.OK

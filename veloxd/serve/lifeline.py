@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import queue
+import signal
 import sys
 import threading
 from typing import Any
@@ -37,6 +39,19 @@ class Stopper:
                 print(f"{protocol.WORKER_PREFIX}{message}", file=sys.stderr, flush=True)
         if self.handle is not None:
             threading.Thread(target=self.handle.httpd.shutdown, daemon=True).start()
+
+    def stop_on_signals(self, *signums: int) -> None:
+        """Each of `signums` stops as stop(OK) does. The handler only enqueues: one that took the
+        lock could deadlock with the very stop() it interrupted; a thread does the work."""
+        asked: queue.SimpleQueue[int] = queue.SimpleQueue()  # put() is safe from a signal handler
+        for signum in signums:
+            signal.signal(signum, lambda number, _frame: asked.put(number))
+
+        def stop_when_asked() -> None:
+            asked.get()
+            self.stop(ExitCode.OK)
+
+        threading.Thread(target=stop_when_asked, name="signals", daemon=True).start()
 
 
 def on_lifeline_closed(stopper: Stopper) -> None:

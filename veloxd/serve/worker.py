@@ -192,8 +192,7 @@ def serve(options: ServeOptions, stopper: Stopper | None = None) -> int:
     stopper.handle = handle
     if stopper.code is not None:  # the lifeline closed while loading: the timer ends us anyway
         return stopper.code
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stopper.stop(ExitCode.OK))
+    stopper.stop_on_signals(signal.SIGTERM, signal.SIGINT)
     threading.Thread(target=watch_generation, args=(handle.generator, stopper), daemon=True).start()
     if stopper.code is None:
         handle.serve_forever()
