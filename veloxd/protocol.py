@@ -39,6 +39,8 @@ import re
 from pathlib import Path
 from typing import Any, TypedDict
 
+from veloxd.openai_errors import json_kind
+
 READY_PREFIX = "VELOXD_READY "
 READY_SCHEMA_VERSION = 1
 KV_JSON_FLAG = "--kv-json"
@@ -241,22 +243,10 @@ def check_entry_document(document: dict[str, Any], source: str) -> None:
         raise ProtocolError(f"{source}: version {document['version']!r}; this veloxd reads {ENTRY_DOCUMENT_VERSION}")
     for key, kinds in ENTRY_KEYS.items():
         value = document.get(key)
-        if _json_kind(value) not in kinds and not (_json_kind(value) == "integer" and "number" in kinds):
+        if json_kind(value) not in kinds and not (json_kind(value) == "integer" and "number" in kinds):
             raise ProtocolError(f"{source}: {key} must be {' or '.join(kinds)}, not {json.dumps(value)}")
         if kinds[0] == "array" and value is not None and not all(isinstance(item, str) for item in value):
             raise ProtocolError(f"{source}: {key} must be an array of strings, not {json.dumps(value)}")
-
-
-def _json_kind(value: Any) -> str:
-    """The JSON Schema type name of a decoded JSON value."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):  # before int: True is an int to Python, not to JSON
-        return "boolean"
-    if isinstance(value, int):
-        return "integer"
-    kinds = {float: "number", str: "string", list: "array", dict: "object"}
-    return kinds.get(type(value), type(value).__name__)
 
 
 # ---- the KV document (--kv-json, by hand) --------------------------------------------------
