@@ -13,7 +13,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from veloxd import __version__, protocol
 from veloxd.daemon import messages as m
@@ -29,6 +29,7 @@ from veloxd.daemon.shutdown import forces_kill
 from veloxd.daemon.sidecar import NAME as DASHBOARD
 from veloxd.daemon.sidecar import DashboardSidecar, dashboard_snapshot
 from veloxd.daemon.spawner import WorkerSpawner
+from veloxd.daemon.statedir_guard import StateDirGuard
 from veloxd.daemon.statefile import SCHEMA_VERSION, Changes, read_state
 from veloxd.daemon.statewriter import LogFacts, StateWriter, log_facts
 from veloxd.daemon.supervisor import Supervisor
@@ -47,6 +48,7 @@ class RunOptions:
     state_dir: Path
     worker_command: list[str] = field(default_factory=list)
     lifeline_fd: int | None = None  # stop when it reaches EOF (veloxd.daemon.wrapper)
+    lock: IO[str] | None = None  # the state dir's held lock file (statefile.acquire_lock)
 
 
 class Daemon:
@@ -81,6 +83,7 @@ class Daemon:
             check_lifeline_fd(options.lifeline_fd)  # StartupError: one line, exit 1
         previous = read_state(options.state_dir)
         self.control = ControlServer(options.state_dir, self.inbox)  # StartupError: one line, exit 1
+        self.guard = StateDirGuard(options.state_dir, options.lock, self.control, self.changes, self.log)
         recorded = ((previous or {}).get("daemon") or {}).get("control_socket")
         if recorded and Path(recorded) != self.control.path:
             remove_private_dir(Path(recorded))  # an earlier daemon's, left by a crash
@@ -249,6 +252,7 @@ class Daemon:
             self._next_poll = now + POLL_S
             self.watcher.ensure_config_watch()
             self.watcher.sync_models()
+            self.guard.check()  # state dir, lock file, control socket: made again if removed
             signature = stat_signature(self.options.config_path)
             if signature != self._config_sig:
                 self._config_sig = signature

@@ -144,9 +144,10 @@ def acquire_lock(state_dir: Path) -> IO[str]:
 
 def live_daemon_pid(state: dict[str, Any] | None) -> int | None:
     """The pid of the daemon `state` records (`state["daemon"]`) while that very process still runs
-    (same pid and start time: a reused pid is somebody else), else None. Never this process."""
+    (same pid and start time: a reused pid is somebody else), else None. Never this process, nor
+    one whose last word was `running: false` (stopped: it only has to exit, its lock already freed)."""
     daemon = (state or {}).get("daemon")
-    if not isinstance(daemon, dict):
+    if not isinstance(daemon, dict) or daemon.get("running") is False:
         return None
     pid, start_time = daemon.get("pid"), daemon.get("start_time")
     if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1 or pid == os.getpid():
