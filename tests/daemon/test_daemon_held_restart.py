@@ -3,22 +3,27 @@
 A READY server moved to a port another process holds, or to a model path not there yet, keeps
 serving with the settings it runs (same pid, same port), status says `restart held` and why and
 exits 3; once the condition clears the restart goes ahead with the new settings. A server that
-is not serving starts (or waits) with the new settings at once, as before.
+is not serving starts (or waits) with the new settings at once, as before. An edit back to the
+settings the held server runs drops the hold and restarts nothing; `veloxd plan` says so first.
 """
 
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
 from pathlib import Path
 
-from tests.fixtures.daemon_harness import FAKE_MODEL, DaemonHarness, entry, wait_for
-from tests.fixtures.fake_spawner import make_entry
+from structlog.typing import EventDict
+
+from tests.fixtures.daemon_harness import FAKE_MODEL, DaemonHarness, entry, to_yaml, wait_for
+from tests.fixtures.fake_spawner import FakeSpawner, S, bring_up, config_of, make_entry, names_of, state_of
 from tests.support import free_port, http_json
-from veloxd.config.plan import Plan
+from veloxd.config.plan import Plan, diff
 from veloxd.config.world import Condition
-from veloxd.daemon.held import blockers, foreseen, holds
+from veloxd.daemon.held import blockers, foreseen, holds, undone
 from veloxd.daemon.supervised import Supervised
+from veloxd.daemon.supervisor import Supervisor
 
 
 def listening(port: int) -> socket.socket:
@@ -162,4 +167,88 @@ def test_a_move_to_a_model_path_not_there_yet_is_held_until_it_appears(tmp_path:
         )
         assert h.server("alpha")["pid"] != pid
     finally:
+        h.cleanup()
+
+
+def test_a_plan_compares_a_held_server_with_the_settings_it_runs() -> None:
+    """a runs port 1, held on its way to 2: a config back on 1 undoes the restart (a live key aside:
+    an update in place); b, held too, is edited to a third port: still a restart."""
+    running = {"a": make_entry("a", 1), "b": make_entry("b", 3)}
+    desired = {"a": make_entry("a", 1, description="back"), "b": make_entry("b", 5), "c": make_entry("c", 6)}
+    plan = Plan(changed={"a": ("port", "description"), "b": ("port",)}, unchanged=("c",))
+    rebased, dropped = undone(plan, running, desired)
+    assert dropped == ["a"]
+    assert dict(rebased.changed) == {"b": ("port",)} and dict(rebased.updated) == {"a": ("description",)}
+    assert rebased.unchanged == ("c",)
+    rebased, dropped = undone(plan, running, {**desired, "a": make_entry("a", 1)})
+    assert dropped == ["a"] and rebased.unchanged == ("c", "a") and "a" not in rebased.updated
+    # nothing held, or removed: the plan as it is
+    assert undone(plan, {}, desired) == (plan, [])
+    gone = Plan(removed=("a",))
+    assert undone(gone, running, {}) == (gone, [])
+
+
+def test_an_edit_back_to_what_a_held_server_runs_drops_the_hold_without_a_restart(
+    supervisor: Supervisor, spawner: FakeSpawner, events: list[EventDict]
+) -> None:
+    a = make_entry("a", free_port())
+    supervisor.apply(diff(None, config_of(a)), {"a": a}, now=0.0)
+    child = bring_up(supervisor, spawner, "a", 1.0)
+    server = supervisor.servers["a"]
+    with listening(free_port()) as squatter:
+        moved = make_entry("a", squatter.getsockname()[1])
+        supervisor.apply(diff(config_of(a), config_of(moved)), {"a": moved}, now=2.0)
+        assert "a" in supervisor.held
+        while_held = supervisor.snapshot()["a"]
+        back = make_entry("a", a.port, description="back where it was")  # and a live key
+        supervisor.apply(diff(config_of(moved), config_of(back)), {"a": back}, now=3.0)
+    assert "a" not in supervisor.held and not supervisor.rollouts
+    assert state_of(server) is S.READY and child.signals == [] and len(spawner.children) == 1
+    assert server.entry == back  # updated in place
+    [dropped] = [e for e in events if e["event"] == "server_restart_hold_dropped"]
+    assert dropped["server"] == "a" and dropped["reason"] == "desired_matches_running"
+    snap = supervisor.snapshot()["a"]
+    assert snap["pending"] is None and snap["held_reason"] is None and snap.get("held_runs") is None
+    assert while_held["held_runs"]["port"] == a.port  # what `veloxd plan` compares an edit with
+    supervisor.tick(100.0)  # no hold left to release later either
+    assert len(spawner.children) == 1 and child.signals == [] and names_of(events, "server_stopping") == []
+
+
+def test_undoing_a_held_edit_keeps_the_server_and_veloxd_plan_says_so_first(tmp_path: Path) -> None:
+    h = DaemonHarness(tmp_path)
+    old_port, new_port = free_port(), free_port()
+    h.write({"alpha": entry(old_port)})
+    squatter = listening(new_port)
+    try:
+        h.start()
+        h.wait_states({"alpha": "ready"})
+        pid = h.server("alpha")["pid"]
+        h.write({"alpha": entry(new_port)})
+        h.wait_event("server_restart_held", server="alpha")
+        edited = h.cli("plan", str(h.config))  # the file as applied: the restart is still held
+        assert edited.returncode == 0, edited.stderr
+        assert "  ~ alpha                restart  (port)" in edited.stdout, edited.stdout
+        assert f"restart held (it keeps serving as it runs) while: port {new_port}" in edited.stdout
+        reverted = tmp_path / "reverted.yaml"
+        reverted.write_text(to_yaml({"alpha": entry(old_port)}))
+        planned = h.cli("plan", str(reverted))
+        assert planned.returncode == 0, planned.stderr
+        assert "  = alpha                unchanged" in planned.stdout, planned.stdout
+        assert planned.stdout.splitlines()[-1] == "no changes (1 unchanged)", planned.stdout
+
+        mark = h.mark()
+        h.write({"alpha": entry(old_port)})
+        dropped = h.wait_event("server_restart_hold_dropped", after=mark, server="alpha")
+        assert dropped["reason"] == "desired_matches_running" and dropped["pid"] == pid
+        wait_for(lambda: h.server("alpha")["pending"] is None, 60, "the state file to show the hold dropped")
+        alpha = h.server("alpha")
+        assert (alpha["state"], alpha["pid"], alpha["port"], alpha["pending"]) == ("ready", pid, old_port, None)
+        assert not h.events("server_stopping", server="alpha") and len(h.events("server_starting")) == 1
+        assert h.cli("status").returncode == 0
+        squatter.close()  # the port the undone edit wanted comes free: nothing is left to release
+        h.signal(signal.SIGHUP)
+        h.wait_event("config_unchanged", after=mark)
+        assert h.server("alpha")["pid"] == pid and not h.events("server_restart_released")
+    finally:
+        squatter.close()
         h.cleanup()

@@ -59,9 +59,7 @@ def after_exit(
     last_error = None  # unresponsive: the error set when it was killed says why
     if reason != "unresponsive":
         exit_text = describe_exit(returncode)
-        last_error = exit_account(tail) or (
-            f"{reason}: {exit_text['signal'] or 'code ' + str(exit_text['code'])}"
-        )
+        last_error = exit_account(tail) or (f"{reason}: {exit_text['signal'] or 'code ' + str(exit_text['code'])}")
     unfixable = refused
     if unfixable is None and returncode == UNFIXABLE_EXIT:
         unfixable = (

@@ -19,6 +19,15 @@ QUIET_S = 1.0  # weights are big: act once a copy has been quiet for a second
 MAX_WAIT_S = 30.0
 
 
+def model_prints(entry: Any) -> tuple[tuple[Any, ...], ...]:
+    """What each local path `entry` loads from (model, adapter) holds now, as ModelDirs compares it.
+
+    A worker is spawned with these recorded, so a change reported later (after the debounce) that
+    the worker already loaded (a waiting server's recheck started it once the path appeared)
+    restarts nothing."""
+    return tuple(model_fingerprint(watch_path(path)) for path in watched_paths(entry))
+
+
 class ModelDirs:
     """Fingerprints of the watched model directories and a debounce per directory."""
 

@@ -18,6 +18,7 @@ from veloxd.config.world import Condition, entry_conditions
 from veloxd.daemon import liveness
 from veloxd.daemon.download import DownloadPhase, needs_download
 from veloxd.daemon.exits import UNFIXABLE_EXIT, PortTaken, after_exit
+from veloxd.daemon.models import model_prints
 from veloxd.daemon.process import Child, describe_exit, error_line, worker_env
 from veloxd.daemon.spawner import Spawner
 from veloxd.daemon.state import (
@@ -83,6 +84,7 @@ class ServerProcess:
         self.last_error: str | None = None  # what a person should read first after a failure
         self._refused: str | None = None  # why this worker's READY line was refused
         self.waiting_for: list[Condition] = []
+        self.loaded: tuple[tuple[Any, ...], ...] = ()  # what its local model paths held at the last spawn
         self._check_world = check_world
         self._rechecks = 0
         self._recheck_at = 0.0
@@ -168,6 +170,7 @@ class ServerProcess:
         self.restarts += self._fresh_start is None
         self.on_demand_starts += self._fresh_start == "on_demand"
         self._fresh_start = None
+        self.loaded = model_prints(entry)  # before the worker reads them: a change after counts
         try:
             self.child = self._spawner.spawn(self.name, self.spawn_id, entry)
         except OSError as err:
@@ -180,6 +183,12 @@ class ServerProcess:
         self._become(S.STARTING, ready_timeout_s=entry.ready_timeout_s, **where)
         self._log.debug("server_command", pid=self.child.pid, argv=self.child.argv)  # once, for debugging
         self.child.release_output()  # its lines are logged after the event that names it
+
+    def runs_current_model(self) -> bool:
+        """Its worker (starting or ready) was spawned from what each of its local model paths holds
+        now (a path that held nothing then does not count): a change of them seen since is one
+        it has already started with (the recheck of a WAITING server that found the path)."""
+        return self.state in (S.STARTING, S.READY) and all(self.loaded) and self.loaded == model_prints(self.entry)
 
     def recheck_soon(self, now: float) -> None:
         """A watch saw something that may clear this WAITING entry's condition: look at the next tick.

@@ -150,7 +150,9 @@ class Supervisor:
 
         WAITING servers look again at once. While the path is missing, running servers keep
         serving what they loaded and only FATAL ones are restarted (into WAITING, visibly);
-        once it is back, or its files changed, every other server using it restarts.
+        once it is back, or its files changed, every other server using it restarts, except one
+        whose worker was spawned from what is there now, or whose start is queued: a WAITING
+        server's recheck (or a held restart's) that found the path first has started it already.
         """
         names = [n for n in names if n in self.servers]
         for name in names:
@@ -158,7 +160,15 @@ class Supervisor:
             if name in self.held:  # its new model path may be there now: it restarts when the hold releases
                 self.held[name].recheck_at = now
         movable = (ServerState.FATAL,) if not present else tuple(s for s in ServerState if s is not ServerState.WAITING)
-        restart = [n for n in names if n not in self.held and self.servers[n].state in movable]
+        starting = {n for rollout in self.rollouts for n in rollout.start}  # will read what is there now
+        restart = [
+            n
+            for n in names
+            if n not in self.held
+            and n not in starting
+            and self.servers[n].state in movable
+            and not self.servers[n].runs_current_model()
+        ]
         self.restart(restart, "model_changed", now)
         return restart
 
