@@ -90,8 +90,8 @@ def test_routing_limits_auth_and_live_changes_without_restarts(harness: DaemonHa
     status, body = post(base, "/v1/completions", {"model": "alpha", "prompt": "x" * 3000})
     assert status == 413 and "2000" in body["error"]["message"]
 
-    h.wait_event("gateway_request", status=413)  # the gateway writes its events in batches: wait for the last
-    requests = events_after(h, 0, "gateway_request")
+    h.wait_event("gateway_request_finished", status=413)  # the gateway writes its events in batches: wait for the last
+    requests = events_after(h, 0, "gateway_request_finished")
     assert {(r["model"], r["server"], r["status"]) for r in requests} >= {("fast", "alpha", 200), ("nope", None, 404)}
     assert all(r["latency_s"] is not None and r["queued_s"] is not None for r in requests)
 
@@ -150,7 +150,7 @@ def test_streams_pass_through_and_a_worker_killed_mid_stream_is_an_error(
     # The next request waits for the daemon's restart of the worker and succeeds.
     answer = client.completions.create(model="alpha", prompt="x")
     assert answer.choices[0].text == "ok" and h.server("alpha")["pid"] not in (None, first)
-    failed = h.wait_event("gateway_request", status=502)
+    failed = h.wait_event("gateway_request_finished", status=502)
     assert failed["server"] == "alpha" and failed["stream"] is True and "before [DONE]" in failed["error"]
 
 
@@ -178,7 +178,7 @@ def test_on_demand_start_is_shared_and_idle_servers_unload(harness: DaemonHarnes
     assert len(h.events("server_starting", server="lazy")) == 1
 
     unloaded = h.wait_event("server_idle_unloaded", server="lazy", timeout=60)
-    last_request = max(_ts(r) for r in h.events("gateway_request", server="lazy"))
+    last_request = max(_ts(r) for r in h.events("gateway_request_finished", server="lazy"))
     # Not before idle_unload_s without requests. The unload is logged as the gateway asks for it (at
     # its deadline); the request's event up to BATCH_S later than the request ended (batched lines).
     assert _ts(unloaded) - last_request >= 1.5 - BATCH_S - 0.1
@@ -250,7 +250,7 @@ def test_client_disconnect_cancels_the_upstream_request(harness: DaemonHarness, 
     gateway = slow_streamer(h, tmp_path, chunks=400, delay_s=0.02)
     with urllib.request.urlopen(stream_request(gateway["port"]), timeout=30) as response:
         assert response.readline().startswith(b"data: ")
-    record = h.wait_event("gateway_request", server="alpha", timeout=30)
+    record = h.wait_event("gateway_request_finished", server="alpha", timeout=30)
     assert record["status"] == 499 and record["error"] == "client disconnected"
 
 
@@ -265,7 +265,7 @@ def test_a_client_leaving_right_after_done_is_a_whole_answer(harness: DaemonHarn
     with urllib.request.urlopen(stream_request(gateway["port"]), timeout=30) as response:
         lines = iter(response.readline, b"")
         assert any(line.startswith(b"data: [DONE]") for line in lines)
-    record = h.wait_event("gateway_request", server="alpha", timeout=30)
+    record = h.wait_event("gateway_request_finished", server="alpha", timeout=30)
     assert (record["status"], record["error"], record["tokens_out"]) == (200, None, 8)
 
 

@@ -100,7 +100,7 @@ def test_a_stopped_worker_gets_a_504_naming_the_timeout_streamed_or_not(upstream
     status, body = post(base, "/v1/completions", {"model": "alpha", "prompt": "x"}, BEARER)
     assert (status, body["pid"]) == (200, pid)  # the same worker, answering again
     records = wait_until(
-        lambda: (found := events_after(h, 0, "gateway_request", server="alpha", status=504))[1:] and found, 60
+        lambda: (found := events_after(h, 0, "gateway_request_finished", server="alpha", status=504))[1:] and found, 60
     )
     assert len(records) == 2 and all("first_byte_timeout_s" in r["error"] for r in records)
 
@@ -113,7 +113,7 @@ def test_a_stream_that_stalls_midway_ends_with_an_error_event(upstreams: tuple[D
     error = json.loads(lines[1][6:])["error"]
     assert error["code"] == "upstream_timeout" and "gateway.read_timeout_s (1 s)" in error["message"], error
     assert "'stall'" in error["message"]
-    record = wait_until(lambda: events_after(h, 0, "gateway_request", server="stall"), 60)[-1]
+    record = wait_until(lambda: events_after(h, 0, "gateway_request_finished", server="stall"), 60)[-1]
     assert record["status"] == 504 and "read_timeout_s" in record["error"]
 
 
@@ -122,7 +122,7 @@ def test_a_usage_event_split_across_reads_is_counted(upstreams: tuple[DaemonHarn
     mark = h.mark()
     lines = _stream(base, "split")
     assert lines[-1] == b"data: [DONE]" and len(lines) == 3, lines
-    record = wait_until(lambda: events_after(h, mark, "gateway_request", server="split"), 60)[-1]
+    record = wait_until(lambda: events_after(h, mark, "gateway_request_finished", server="split"), 60)[-1]
     tokens = (record["status"], record["tokens_in"], record["tokens_out"])
     assert tokens == (200, split_worker.PROMPT_TOKENS, split_worker.COMPLETION_TOKENS), record
 

@@ -69,7 +69,7 @@ def test_one_endpoint_for_every_server(tmp_path: Path, request: pytest.FixtureRe
         )
         assert len([c for c in chunks if c.choices and c.choices[0].text]) > 1  # passed through chunk by chunk
         assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
-        streamed = h.wait_event("gateway_request", server="beta", stream=True)
+        streamed = h.wait_event("gateway_request_finished", server="beta", stream=True)
         assert streamed["status"] == 200 and streamed["tokens_out"] == 12 and streamed["first_byte_s"] is not None
 
         listed = {m.id: m.to_dict() for m in api.models.list()}  # with the gateway's fields beyond OpenAI's

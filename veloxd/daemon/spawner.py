@@ -22,6 +22,10 @@ from veloxd.daemon.supervised import Supervised
 from veloxd.distributed.command import group_argv, split_rank
 from veloxd.download.protocol import parse_line
 
+# The levels a child's VELOXD_EVENT line may carry, kept as they are (a debug event stays debug:
+# the daemon's --log-level decides whether it is logged); anything else is logged as info.
+EVENT_LEVELS = ("debug", "info", "warning", "error")
+
 
 class Spawner(Protocol):
     """Starts workers and health probes whose reports reach the loop as messages.
@@ -72,7 +76,7 @@ class WorkerSpawner:
                 try:
                     record = json.loads(line[len(protocol.EVENT_PREFIX) :])
                     event, level = str(record.pop("event")), str(record.pop("level", "info"))
-                    getattr(event_log, level if level in ("info", "warning", "error") else "info")(event, **record)
+                    getattr(event_log, level if level in EVENT_LEVELS else "info")(event, **record)
                     return
                 except (ValueError, KeyError, AttributeError, TypeError):
                     pass  # not an event after all: logged as output below

@@ -20,10 +20,10 @@ from aiohttp import web
 from veloxd.endpoints import connect_host
 from veloxd.gateway import dashboard, model_ref
 from veloxd.gateway.connections import OVER_CAP
-from veloxd.gateway.events import Accounting, RequestRecord
+from veloxd.gateway.events import CLIENT_DISCONNECTED, Accounting, RequestRecord
 from veloxd.gateway.fleet import Fleet, Unavailable
-from veloxd.gateway.limits import setting, upstream_timeouts
-from veloxd.gateway.proxy import UpstreamLost, UpstreamUnreachable, error_response, forward
+from veloxd.gateway.limits import CLIENT_WRITE_TIMEOUT_S, setting, upstream_timeouts
+from veloxd.gateway.proxy import UpstreamUnreachable, error_response, forward, send_whole
 from veloxd.gateway.upstream import Spares
 from veloxd.web.monitor import Monitor
 
@@ -36,14 +36,24 @@ FLEET = web.AppKey("fleet", Fleet)
 ACCOUNTING = web.AppKey("accounting", Accounting)
 CREATED = web.AppKey("created", int)
 SPARES = web.AppKey("spares", Spares)
+WRITE_TIMEOUT = web.AppKey("write_timeout_s", float)
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 
 def build_app(
-    fleet: Fleet, accounting: Accounting | None = None, monitor: Monitor | None = None, *, host: str, port: int
+    fleet: Fleet,
+    accounting: Accounting | None = None,
+    monitor: Monitor | None = None,
+    *,
+    host: str,
+    port: int,
+    write_timeout_s: float = CLIENT_WRITE_TIMEOUT_S,
 ) -> web.Application:
-    """The gateway on host:port; with `monitor`, also the dashboard and /metrics (veloxd.web.app)."""
+    """The gateway on host:port; with `monitor`, also the dashboard and /metrics (veloxd.web.app).
+
+    `write_timeout_s` bounds each write to a client (veloxd.gateway.proxy).
+    """
     app = web.Application(client_max_size=CLIENT_MAX_SIZE, middlewares=[_capped, _auth, _openai_shaped])
     app[OVER_CAP] = set()  # filled by connections.GuardedServer
     app[FLEET] = fleet
@@ -51,6 +61,7 @@ def build_app(
     app[ACCOUNTING].listen(fleet.tally.finished)
     app[CREATED] = int(time.time())
     app[SPARES] = Spares()
+    app[WRITE_TIMEOUT] = write_timeout_s
     app.on_cleanup.append(_close_spares)
     app.router.add_get("/health", health)
     app.router.add_get("/v1/models", list_models)
@@ -177,12 +188,11 @@ async def completion(request: web.Request) -> web.StreamResponse:
         response = await _complete(request, record)
         record.status = record.status if record.status and record.error else response.status
         if not response.prepared:  # send it now: the accounting below is not on the client's clock
-            await response.prepare(request)
-            await response.write_eof()
+            await send_whole(request, response, record, request.app[WRITE_TIMEOUT])
         return response
     except asyncio.CancelledError:  # the client went away (handler_cancellation): upstream is closed too
-        if not record.answered:
-            record.status, record.error = 499, "client disconnected"
+        if not record.answered and record.cancelled is None:
+            record.status, record.error, record.cancelled = 499, "client disconnected", CLIENT_DISCONNECTED
         raise
     finally:
         request.app[ACCOUNTING].finish(record)
@@ -259,7 +269,9 @@ async def _forward_when_ready(
 async def _forward_to(
     request: web.Request, fleet: Fleet, name: str, body: bytes, record: RequestRecord
 ) -> web.StreamResponse | None:
-    """The worker's answer, an error response, or None when the worker is gone and a retry may reach its successor."""
+    """The worker's answer, an error response, or None when nothing could be sent to the worker (it
+    is gone: a retry may reach its successor). Once the request was sent it is never sent again: a
+    worker that dies before answering is a 502 (veloxd.gateway.proxy)."""
     server = fleet.servers.get(name)
     if server is None:
         raise Unavailable(f"server '{name}' was removed from the config")
@@ -273,13 +285,8 @@ async def _forward_to(
             record,
             request.app[SPARES],
             upstream_timeouts(fleet.settings),
+            request.app[WRITE_TIMEOUT],
         )
     except UpstreamUnreachable:
         fleet.mark_unreachable(name)  # died or unloaded since the last view: wait for it again
-    except UpstreamLost as err:
-        if not await fleet.process_replaced(name, server.get("pid")):
-            record.error = f"upstream: {err}"
-            return error_response(
-                502, f"the server for '{name}' closed the connection before answering ({err})", "upstream_failed"
-            )
     return None

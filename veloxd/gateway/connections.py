@@ -33,7 +33,7 @@ class GatewayHandler(RequestHandler):
     def log_exception(self, *args: Any, **kw: Any) -> None:
         exc = kw.get("exc_info")
         if isinstance(exc, HttpProcessingError):  # a client's malformed request: its 400 says why
-            emit("gateway_bad_request", "debug", error=f"{type(exc).__name__}: {exc.message}"[:200])
+            emit("gateway_malformed_request_refused", "debug", error=f"{type(exc).__name__}: {exc.message}"[:200])
             return
         super().log_exception(*args, **kw)  # a bug of ours: keep the traceback
 

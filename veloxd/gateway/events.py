@@ -49,6 +49,10 @@ class _Writer:
 
 MAX_QUEUED = 100_000
 BATCH_S = 0.05
+REQUEST_FINISHED = "gateway_request_finished"  # one per completion request, whatever its outcome
+# RequestRecord.cancelled: why the gateway gave up on the client before the whole answer was sent.
+CLIENT_DISCONNECTED = "client_disconnected"  # it closed its connection
+CLIENT_STALLED = "client_stalled"  # it stopped reading: a write waited CLIENT_WRITE_TIMEOUT_S
 _writer: _Writer | None = None
 
 
@@ -79,6 +83,7 @@ class RequestRecord:
     first_byte_s: float | None = None
     latency_s: float | None = None
     answered: bool = False  # the client was sent the whole answer: leaving after it is no disconnect
+    cancelled: str | None = None  # CLIENT_DISCONNECTED or CLIENT_STALLED: the gateway stopped the request
 
     def fields(self) -> dict[str, Any]:
         out = dict(vars(self))  # flat fields: no deep copy (asdict costs more than the rest of the event)
@@ -94,7 +99,7 @@ Listener = Callable[[RequestRecord], None]
 
 
 class Accounting:
-    """Finishes records: the `gateway_request` event, then every listener."""
+    """Finishes records: the `gateway_request_finished` event, then every listener."""
 
     def __init__(self) -> None:
         self._listeners: list[Listener] = []
@@ -105,6 +110,6 @@ class Accounting:
     def finish(self, record: RequestRecord) -> None:
         record.latency_s = time.monotonic() - record.started
         level = "warning" if record.status >= 500 or record.error else "info"
-        emit("gateway_request", level, **record.fields())
+        emit(REQUEST_FINISHED, level, **record.fields())
         for listener in self._listeners:
             listener(record)

@@ -151,27 +151,6 @@ class Fleet:
         with contextlib.suppress(DaemonUnreachable):  # the follower reports it
             await self.refresh()
 
-    async def process_replaced(self, name: str, pid: int | None, within_s: float = 2.0) -> bool:
-        """After a broken connection: did the worker `pid` exit (so a retry goes to a new one)?
-
-        Asks the daemon once, then follows its views until one reports the exit or `within_s` passes
-        (the daemon learns of an exit within milliseconds; a worker that resets connections while
-        alive is not retried).
-        """
-        until = self.clock() + within_s
-        with contextlib.suppress(DaemonUnreachable):
-            await self.refresh()
-        while True:
-            server = self.servers.get(name) or {}
-            if server.get("pid") != pid or server.get("state") != ServerState.READY.value:
-                self.mark_unreachable(name)
-                return True
-            remaining = until - self.clock()
-            if remaining <= 0:
-                return False
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._refreshed.wait(), remaining)
-
     # ---- routing --------------------------------------------------------------------------
     def resolve(self, model: str) -> str | None:
         return self.routes.get(model)

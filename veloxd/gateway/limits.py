@@ -16,6 +16,10 @@ from veloxd.config.gateway import Gateway
 from veloxd.gateway.upstream import Timeouts
 
 DEFAULTS = {f.name: f.default for f in dataclasses.fields(Gateway) if f.default is not dataclasses.MISSING}
+# Each write to a client (a stream's chunk, a whole answer) waits at most this long for the client
+# to read: one that stops reading with its connection open is then given up (client_stalled) and
+# its worker stops generating. Not a `gateway:` key (yet): nginx's send_timeout has the same default.
+CLIENT_WRITE_TIMEOUT_S = 60.0
 
 
 def setting(settings: Mapping[str, Any], name: str) -> Any:
