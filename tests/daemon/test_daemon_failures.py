@@ -142,7 +142,7 @@ def test_port_held_by_another_process_waits_naming_the_port_then_starts_once_fre
 def test_worker_that_never_gets_ready_is_killed_and_backs_off(start_daemon: StartDaemon) -> None:
     """No READY line within ready_timeout_s: SIGKILL, counted as a failed start, FATAL at the limit."""
     daemon = start_daemon(named("silent"))
-    timeout = daemon.wait_event("server_ready_timeout", server="silent")
+    timeout = daemon.wait_event("server_ready_timed_out", server="silent")
     assert timeout["ready_timeout_s"] == 0.5
     backoff = daemon.wait_event("server_backoff", server="silent")
     assert backoff["reason"] == "ready_timeout" and backoff["from_state"] == "starting"

@@ -81,7 +81,7 @@ def test_ready_timeout_kills_then_backs_off_with_doubling_delays_then_fatal(
     assert state_of(server) is S.FATAL
     assert server.fatal_reason == "3 failures within 600s"
     assert len(spawner.children) == 3
-    assert names_of(events, "server_ready_timeout") == ["a", "a", "a"]
+    assert names_of(events, "server_ready_timed_out") == ["a", "a", "a"]
 
 
 def test_exit_code_2_is_fatal_at_once_with_the_reason(

@@ -62,7 +62,7 @@ def test_download_reports_progress_then_starts_outside_the_ready_timeout(
         h.wait_states({"tiny": "ready"}, timeout=DEADLINE)
     names = [r["event"] for r in h.records() if r.get("server") == "tiny"]
     assert names.index("server_downloaded") < names.index("server_starting") < names.index("server_ready")
-    assert "server_ready_timeout" not in names and "server_backoff" not in names
+    assert "server_ready_timed_out" not in names and "server_backoff" not in names
     progress = [r for r in h.events("server_downloading", server="tiny") if "done_bytes" in r]
     assert len(progress) >= 2 and progress[-1]["total_bytes"] == WANTED
     assert [p["done_bytes"] for p in progress] == sorted(p["done_bytes"] for p in progress)

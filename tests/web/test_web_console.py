@@ -123,7 +123,7 @@ def test_log_format_json_no_color_and_debug_level(tmp_path: Path) -> None:
         h.cleanup()
     shown = [json.loads(line) for line in term.read().splitlines() if line.startswith("{")]
     assert [r["event"] for r in shown][:2] == ["daemon_started", "config_loaded"]
-    commands = [r for r in h.records() if r["event"] == "server_command"]
+    commands = [r for r in h.records() if r["event"] == "server_command_built"]
     assert len(commands) == 1 and commands[0]["level"] == "debug" and "--lifeline-fd" in commands[0]["argv"]
 
     h2 = DaemonHarness(tmp_path / "plain")
@@ -135,7 +135,7 @@ def test_log_format_json_no_color_and_debug_level(tmp_path: Path) -> None:
     finally:
         h2.cleanup()
     assert "\x1b[" not in term.read() and CONSOLE_LINE.match(term.read().splitlines()[0])
-    assert not [r for r in h2.records() if r["event"] == "server_command"]  # info level: no argv
+    assert not [r for r in h2.records() if r["event"] == "server_command_built"]  # info level: no argv
 
 
 def test_no_terminal_means_no_stdout_and_logs_pretty_renders_the_file(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,8 @@ class DaemonClient:
     async def ask(self, payload: dict[str, Any], wait_s: float = 0.0) -> dict[str, Any]:
         """The daemon's answer to `payload`; `wait_s`: how long the daemon may hold it on purpose."""
         path, command = self.path(), payload.get("command")
+        # A daemon that reads the request only after this client gave up drops it (control.py).
+        payload = {**payload, "expires_at": time.time() + self.connect_timeout_s * 2 + wait_s + self.answer_timeout_s}
         try:
             reader, writer = await asyncio.wait_for(
                 asyncio.open_unix_connection(str(path), limit=MAX_ANSWER_BYTES), self.connect_timeout_s

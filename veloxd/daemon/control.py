@@ -38,7 +38,6 @@ from veloxd.daemon.longpoll import MAX_WAIT_S
 from veloxd.daemon.statefile import StartupError, read_state
 
 SOCKET_NAME = "control.sock"
-CONTROL_SOCKET_ENV = "VELOXD_CONTROL_SOCKET"  # tells the gateway process where its daemon listens
 PRIVATE_PREFIX = "veloxd-"
 MAX_UNIX_PATH = 100  # sun_path is 104 bytes on macOS, 108 on Linux
 REQUEST_TIMEOUT_S = 30.0

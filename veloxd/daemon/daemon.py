@@ -17,7 +17,7 @@ from typing import IO, Any
 
 from veloxd import __version__, protocol
 from veloxd.daemon import messages as m
-from veloxd.daemon.control import CONTROL_SOCKET_ENV, ControlServer, remove_private_dir
+from veloxd.daemon.control import ControlServer, remove_private_dir
 from veloxd.daemon.logs import get_logger, reopen_logs, take_write_failure
 from veloxd.daemon.models import ModelDirs
 from veloxd.daemon.ondemand import OnDemand
@@ -95,7 +95,7 @@ class Daemon:
             self.inbox,
             get_logger("veloxd.server"),
             env={
-                CONTROL_SOCKET_ENV: str(self.control.path),
+                protocol.CONTROL_SOCKET_ENV: str(self.control.path),
                 protocol.STATE_DIR_ENV: str(Path(options.state_dir).resolve()),
             },
             event_log=get_logger("veloxd.gateway"),

@@ -181,7 +181,7 @@ class ServerProcess:
         self._spawned_at = now
         self._ready_deadline = now + entry.ready_timeout_s
         self._become(S.STARTING, ready_timeout_s=entry.ready_timeout_s, **where)
-        self._log.debug("server_command", pid=self.child.pid, argv=self.child.argv)  # once, for debugging
+        self._log.debug("server_command_built", pid=self.child.pid, argv=self.child.argv)  # once, for debugging
         self.child.release_output()  # its lines are logged after the event that names it
 
     def runs_current_model(self) -> bool:
@@ -389,7 +389,7 @@ class ServerProcess:
         if self.state is S.STARTING and self.child is not None and not self._timed_out and now >= self._ready_deadline:
             self._timed_out = True  # the exit that follows becomes the failure
             self._cancel_probe()
-            self._log.warning("server_ready_timeout", pid=self.child.pid, ready_timeout_s=self.entry.ready_timeout_s)
+            self._log.warning("server_ready_timed_out", pid=self.child.pid, ready_timeout_s=self.entry.ready_timeout_s)
             self.child.signal_group(signal.SIGKILL)
         elif (self.state is S.BACKOFF and now >= self._retry_at) or (
             self.state is S.WAITING and now >= self._recheck_at
