@@ -9,9 +9,14 @@ starts its watch before it imports MLX.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import sys
 import threading
 from collections.abc import Callable
+
+from veloxd.protocol import LIFELINE_GRACE_S, ExitCode
 
 
 def wait_eof(fd: int) -> None:
@@ -39,3 +44,17 @@ def exit_after(grace_s: float, code: int) -> None:
     Not a daemon thread on purpose: an interpreter whose shutdown hangs (a native thread that
     does not stop) waits for it, and it ends the process."""
     threading.Timer(grace_s, os._exit, args=(code,)).start()
+
+
+def stop_on_eof(fd: int, stop: asyncio.Event, who: str) -> None:
+    """For an asyncio process (the gateway, the dashboard): EOF sets `stop` on its loop, and the
+    process leaves with ExitCode.OK within LIFELINE_GRACE_S whatever happens. Call it on the loop."""
+    loop = asyncio.get_running_loop()
+
+    def daemon_gone() -> None:
+        exit_after(LIFELINE_GRACE_S, ExitCode.OK)
+        stop.set()
+        with contextlib.suppress(OSError):  # the daemon died: nobody may read stderr any more (EPIPE)
+            print(f"{who}: the daemon's lifeline closed; exiting", file=sys.stderr, flush=True)
+
+    watch(fd, lambda: loop.call_soon_threadsafe(daemon_gone))

@@ -11,7 +11,6 @@ as for a worker's).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sys
@@ -30,7 +29,6 @@ from veloxd.gateway.idle import unload_when_idle
 from veloxd.gateway.limits import ConnectionLimits
 from veloxd.protocol import (
     CONTROL_SOCKET_ENV,
-    LIFELINE_GRACE_S,
     READY_SCHEMA_VERSION,
     ExitCode,
     ReadyPayload,
@@ -48,7 +46,7 @@ async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None)
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     if lifeline_fd is not None:
-        lifeline.watch(lifeline_fd, lambda: loop.call_soon_threadsafe(_daemon_gone, stop))
+        lifeline.stop_on_eof(lifeline_fd, stop, "veloxd gateway")
     daemon = DaemonClient(socket=Path(socket_path))  # one client: the fleet's and the dashboard's
     fleet = Fleet(daemon)
     try:
@@ -89,14 +87,6 @@ async def serve(host: str, port: int, socket_path: str, lifeline_fd: int | None)
         task.cancel()
     await runner.cleanup()
     return ExitCode.OK
-
-
-def _daemon_gone(stop: asyncio.Event) -> None:
-    """EOF on the lifeline: stop cleanly, and leave within LIFELINE_GRACE_S whatever happens."""
-    lifeline.exit_after(LIFELINE_GRACE_S, ExitCode.OK)
-    stop.set()
-    with contextlib.suppress(OSError):  # the daemon died: nobody may read stderr any more (EPIPE)
-        print("veloxd gateway: the daemon's lifeline closed; exiting", file=sys.stderr, flush=True)
 
 
 def run(host: str, port: int, lifeline_fd: int | None) -> int:

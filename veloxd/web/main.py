@@ -9,7 +9,6 @@ daemon's lifeline pipe closes. Exit codes (veloxd.protocol.ExitCode): 0 stopped,
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import sys
@@ -19,7 +18,7 @@ from pathlib import Path
 from aiohttp import web
 
 from veloxd import lifeline
-from veloxd.protocol import LIFELINE_GRACE_S, READY_SCHEMA_VERSION, ExitCode, ReadyPayload, format_ready
+from veloxd.protocol import READY_SCHEMA_VERSION, ExitCode, ReadyPayload, format_ready
 from veloxd.web.app import add_routes
 from veloxd.web.monitor import DaemonClient, Monitor
 
@@ -92,18 +91,10 @@ async def serve(options: WebOptions) -> int:
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
     if options.lifeline_fd is not None:
-        lifeline.watch(options.lifeline_fd, lambda: loop.call_soon_threadsafe(_daemon_gone, stop))
+        lifeline.stop_on_eof(options.lifeline_fd, stop, "veloxd web")
     await stop.wait()
     await runner.cleanup()
     return ExitCode.OK
-
-
-def _daemon_gone(stop: asyncio.Event) -> None:
-    """EOF on the lifeline: stop cleanly, and leave within LIFELINE_GRACE_S whatever happens."""
-    lifeline.exit_after(LIFELINE_GRACE_S, ExitCode.OK)
-    stop.set()
-    with contextlib.suppress(OSError):  # the daemon died: nobody may read stderr any more (EPIPE)
-        print("veloxd web: the daemon's lifeline closed; exiting", file=sys.stderr, flush=True)
 
 
 def main(options: WebOptions) -> int:
