@@ -103,8 +103,12 @@ def test_state_dir_lock_is_held_when_the_pid_cannot_be_written(tmp_path: Path) -
         signal.signal(signal.SIGXFSZ, on_excess)
     try:
         assert (tmp_path / "daemon.lock").read_text() == ""  # the write really failed
-        with pytest.raises(AlreadyRunning, match="unknown pid"):
+        with pytest.raises(AlreadyRunning, match="unknown pid") as refused:
             acquire_lock(tmp_path)
+        message = str(refused.value)  # said in words, not `pid unknown pid`
+        assert "pid unknown pid" not in message and "(pid " not in message
+        assert f"another veloxd daemon is running with state dir {tmp_path}" in message
+        assert "records none" in message and refused.value.holder is None
     finally:
         first.close()
 
