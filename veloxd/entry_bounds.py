@@ -12,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+# where it listens (the dashboard and the gateway take the same range):
+PORT: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": 65535}
 # sampling:
 TEMP: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": 2}
 TOP_P: dict[str, Any] = {"type": "number", "minimum": 0, "maximum": 1}

@@ -65,7 +65,7 @@ def ineffective_keys(raw_servers: Mapping[str, Any], has_gateway: bool, refused:
             continue
         where = ("servers", name)
         # Only the gateway's idle task unloads, and it looks at on_demand servers alone.
-        if raw.get("idle_unload_s") is not None and raw.get("start", "always") == "always":
+        if raw.get("idle_unload_s") is not None and raw.get("start") != "on_demand":
             problems.append(
                 (
                     (*where, "idle_unload_s"),

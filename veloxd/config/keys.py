@@ -11,6 +11,7 @@ from collections.abc import Callable
 from dataclasses import MISSING, field
 from typing import Any
 
+from veloxd import entry_bounds
 from veloxd.checks import HOST_PATTERN, SIZE_PATTERN, parse_size
 
 ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
@@ -18,7 +19,7 @@ ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
 # Schemas of keys that mean the same wherever they stand (servers, dashboard, gateway), defined
 # once so that the blocks accept the same values.
 HOST_SCHEMA = {"type": "string", "pattern": HOST_PATTERN, "maxLength": 253}
-PORT_SCHEMA = {"type": "integer", "minimum": 1, "maximum": 65535}
+PORT_SCHEMA = entry_bounds.PORT
 API_KEY_ENV_SCHEMA = {"type": ["string", "null"], "pattern": ENV_NAME_PATTERN}
 ENV_SCHEMA = {
     "type": "object",

@@ -60,9 +60,9 @@ class ServeOptions:
 
 PARALLELISMS = tuple(entry_bounds.PARALLELISM["enum"])  # --distributed: how a group shares the model
 # Each bounded setting's schema: the config's own (veloxd.entry_bounds), so a value `veloxd check`
-# refuses in veloxd.yaml is refused here too. The port's is config.keys.PORT_SCHEMA's range.
+# refuses in veloxd.yaml is refused here too.
 BOUNDS: dict[str, dict[str, Any]] = {
-    "port": {"minimum": 1, "maximum": 65535},
+    "port": entry_bounds.PORT,
     "max_tokens": entry_bounds.MAX_TOKENS,
     "temp": entry_bounds.TEMP,
     "top_p": entry_bounds.TOP_P,
