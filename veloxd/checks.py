@@ -93,6 +93,8 @@ def host_problem(host: str) -> str | None:
         return None
     except ValueError:
         pass
+    if all(label.isdigit() for label in host.split(".")):  # 999.1.1.1, 10.1: meant as an address
+        return f"{host!r} is not a valid IP address"
     return None if HOSTNAME.match(host) else f"{host!r} is not a host name or IP address"
 
 

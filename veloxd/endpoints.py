@@ -22,26 +22,58 @@ def connect_host(host: str) -> str:
     return WILDCARDS.get(host, host)
 
 
-def _family(host: str) -> socket.AddressFamily:
-    return socket.AF_INET6 if ":" in host else socket.AF_INET
+def cannot_listen_on(host: str) -> str | None:
+    """Why this machine cannot listen on `host` at all, None when it can: a name that does not
+    resolve, or an address that is not one of this machine's. Both can clear (a network coming
+    up, DHCP, mDNS), so callers treat them as conditions of the world, not as errors of the file."""
+    try:
+        family, _, _, _, address = socket.getaddrinfo(
+            host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+    except (socket.gaierror, UnicodeError) as err:
+        return f"host {host} does not resolve ({getattr(err, 'strerror', None) or err})"
+    with socket.socket(family, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(address)  # port 0: any free port, so only the address is tested
+        except OSError as err:
+            if err.errno == errno.EADDRNOTAVAIL:
+                named = host if address[0] == host else f"{host} ({address[0]})"
+                return f"host {named} is not an address of this machine"
+            if err.errno not in (errno.EADDRINUSE, errno.EACCES):
+                return f"host {host}: cannot listen there ({err.strerror})"
+    return None
+
+
+def _resolved(host: str, port: int, flags: int = 0) -> tuple[socket.AddressFamily, tuple] | None:
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=flags)[0]
+    except (socket.gaierror, UnicodeError):
+        return None
+    return family, address
 
 
 def port_in_use(host: str, port: int) -> bool:
-    """True if something already listens on host:port (or the address cannot be bound).
+    """True if something already listens on host:port (or the port cannot be bound there).
 
     Two checks, because each misses a case: a connect finds a listener on a wildcard address
     (which macOS would let us bind next to), a bind finds one the connect cannot reach.
     Both tolerate TIME_WAIT leftovers of our own previous worker (SO_REUSEADDR, as servers use).
+    A host this machine cannot listen on is not a port in use: cannot_listen_on says what it is.
     """
-    target = connect_host(host)
-    with socket.socket(_family(target), socket.SOCK_STREAM) as conn:
+    if cannot_listen_on(host) is not None:
+        return False
+    target = _resolved(connect_host(host), port)
+    listen = _resolved(host or "0.0.0.0", port, socket.AI_PASSIVE)
+    if target is None or listen is None:  # it stopped resolving since cannot_listen_on looked
+        return False
+    with socket.socket(target[0], socket.SOCK_STREAM) as conn:
         conn.settimeout(0.5)
-        if conn.connect_ex((target, port)) == 0:
+        if conn.connect_ex(target[1]) == 0:
             return True
-    with socket.socket(_family(host or "0.0.0.0"), socket.SOCK_STREAM) as sock:
+    with socket.socket(listen[0], socket.SOCK_STREAM) as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
-            sock.bind((host, port))
+            sock.bind(listen[1])
         except OSError as err:
             return err.errno in (errno.EADDRINUSE, errno.EACCES)
     return False

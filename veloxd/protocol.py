@@ -87,7 +87,7 @@ class ExitCode(enum.IntEnum):
     OK = 0  # stopped on SIGTERM/SIGINT, or the lifeline closed
     INVALID = 2  # bad flags, a model the method cannot serve: never fixes itself
     FAILED = 3  # the model failed to load or the generation thread died: worth a restart
-    PORT_IN_USE = 4  # another process holds --port: a condition of the world, the daemon waits for it
+    PORT_IN_USE = 4  # cannot listen on --host/--port now (held, or not this machine's address yet): the daemon waits
 
 
 class ProtocolError(ValueError):

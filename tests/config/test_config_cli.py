@@ -107,6 +107,20 @@ def test_check_reports_conditions_of_the_world_as_warnings_exit_0_unless_strict(
     assert report["valid"] and report["errors"] == [] and report["warnings"][0] == line
 
 
+def test_check_warns_of_a_host_this_machine_cannot_listen_on(tmp_path: Path) -> None:
+    """A name that does not resolve (.invalid never does) once passed `check` silently and then
+    crashed the daemon; it is a condition of the world: a located warning on the entry's host."""
+    model_dir(tmp_path, "model")
+    text = VALID.replace("    port: 8081\n", "    port: 8081\n    host: studio.invalid\n    api_key_env: KEY\n")
+    path = write_config(tmp_path, text)
+    done = veloxd("check", str(path), env={**os.environ, "KEY": "k"})
+    assert done.returncode == 0, done.stderr
+    [line] = [line for line in done.stderr.splitlines() if "$.servers.coder" in line]
+    match = LINE.match(line)
+    assert match and match["path"] == "$.servers.coder.host", line
+    assert match["message"].startswith("warning: host studio.invalid does not resolve"), line
+
+
 def test_check_reports_errors_and_warnings_together(tmp_path: Path) -> None:
     """One run shows every mistake: an invalid entry's error and a valid entry's warning (a model
     directory misspelled: the sibling is suggested), each located, exit 1; --json has both."""

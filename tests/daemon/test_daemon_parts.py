@@ -222,3 +222,32 @@ def test_worker_exits_when_the_lifeline_closes(tmp_path: Path) -> None:
     lifeline.close()
     assert exits.get(timeout=120) == 0  # it exited by itself: nobody signalled it
     assert any("lifeline closed" in line for line in child.last_lines()["stderr"])
+
+
+def test_a_step_that_raises_is_logged_answered_and_counted_and_the_daemon_goes_on(tmp_path: Path) -> None:
+    """The daemon's safety net for its own bugs (two once crashed it mid-reload, ending every
+    worker): the step's exception is logged with its traceback, a client waiting on that message
+    is answered at once, `status` counts it, and the next step runs."""
+    from structlog.testing import capture_logs
+
+    from veloxd.daemon import messages as m
+    from veloxd.daemon.daemon import Daemon, RunOptions
+    from veloxd.daemon.views import render_status
+
+    daemon = Daemon(RunOptions(tmp_path / "veloxd.yaml", None, tmp_path / "state"))
+    reply = m.Reply()
+    ran: list[float] = []
+
+    def broken(key: str) -> None:
+        raise KeyError(key)
+
+    with capture_logs() as logged:
+        daemon._step("ReloadRequested", broken, "servers", reply=reply)
+        daemon._step("timers", ran.append, 1.0)
+    [failed] = [e for e in logged if e["event"] == "daemon_step_failed"]
+    assert failed["step"] == "ReloadRequested" and failed["error"] == "KeyError: 'servers'" and failed["exc_info"]
+    answer = reply.wait(timeout=5)
+    assert answer is not None and answer["ok"] is False and "KeyError" in answer["error"]
+    assert ran == [1.0] and daemon.step_failures == 1
+    shown = render_status({"daemon": {"running": True, "pid": 1, "step_failures": 1}, "servers": {}})
+    assert "1 internal error(s) caught, servers kept" in shown

@@ -283,3 +283,32 @@ def test_sigterm_stops_every_worker_and_exits_zero(tmp_path: Path) -> None:
         assert not Path(state["daemon"]["control_socket"]).exists()
     finally:
         h.cleanup()
+
+
+def test_edit_with_a_host_that_cannot_listen_and_a_float_port_keeps_every_server(daemon: ReloadDaemon) -> None:
+    """From an audit: both once passed `veloxd check` and then crashed the daemon mid-reload, taking
+    every server down. A host that does not resolve is a condition of the world: its entry waits,
+    alone, saying so; `port: N.0` is port N (an int to the worker, a clash with N found)."""
+    before = settled(daemon)
+    moved = free_port()
+    mark = daemon.mark()
+    save(daemon, a={"port": float(moved)})
+    daemon.servers["d"] = entry(free_port(), host="nothing.invalid", allow_unauthenticated=True)
+    daemon.write(daemon.servers)
+    waiting = daemon.wait_event("server_waiting", after=mark, server="d")
+    assert [c["kind"] for c in waiting["conditions"]] == ["host"], waiting
+    assert "nothing.invalid does not resolve" in waiting["reason"]
+    ready = daemon.wait_event("server_ready", after=mark, server="a")
+    assert ready["ready"]["port"] == moved
+    after = daemon.wait_states({"a": "ready", "b": "ready", "c": "ready", "d": "waiting"})
+    assert after["b"]["pid"] == before["b"] and after["c"]["pid"] == before["c"]
+    assert after["a"]["port"] == moved and isinstance(after["a"]["port"], int)
+    assert not daemon.events("daemon_step_failed")
+    daemon.servers["d"]["port"] = free_port()  # d to restart: plan names what it will wait for
+    daemon.config.with_name("next.yaml").write_text(to_yaml(daemon.servers))
+    plan = daemon.cli("plan", str(daemon.config.with_name("next.yaml")))
+    assert plan.returncode == 0 and "waits while: host nothing.invalid does not resolve" in plan.stdout, plan
+    clash = dict(daemon.servers, e=entry(moved))  # N and N.0 are the same port
+    daemon.write(clash)
+    failed = daemon.wait_event("config_reload_failed", after=mark)
+    assert [e["path"] for e in failed["errors"]] == ["$.servers.e.port"], failed["errors"]

@@ -100,6 +100,16 @@ def test_port_in_use_exits_4_naming_the_port(tiny_model: Path) -> None:
     assert f"port {port} on 127.0.0.1 is already in use" in result.stderr
 
 
+def test_a_host_this_machine_cannot_listen_on_exits_4_naming_it(tiny_model: Path) -> None:
+    """A name that does not resolve (RFC 6761: .invalid never does) is a condition of the world too:
+    exit 4 and the daemon waits, where a malformed host (999.1.1.1) is a mistake: exit 2."""
+    base = ("serve", "--model", str(tiny_model), "--method", "fp16")
+    result = run_veloxd(*base, "--host", "studio.invalid")
+    assert result.returncode == 4 and "host studio.invalid does not resolve" in result.stderr, result.stderr
+    malformed = run_veloxd(*base, "--host", "999.1.1.1")
+    assert malformed.returncode == 2 and "'999.1.1.1' is not a valid IP address" in malformed.stderr, malformed.stderr
+
+
 def test_invalid_flags_are_refused_before_mlx_is_imported(tiny_model: Path) -> None:
     """Rejection needs no model and no MLX: the worker exits 2 having imported neither."""
     done, heavy = run_reporting_imports(

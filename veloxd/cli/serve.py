@@ -110,7 +110,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     from veloxd.serve.lifeline import Stopper, start_watch
-    from veloxd.serve.options import PortInUse, UsageError, build_options
+    from veloxd.serve.options import CannotListen, UsageError, build_options
 
     stopper = Stopper()
     start_watch(args.lifeline_fd, stopper)  # first: a daemon dying during import or load ends us too
@@ -118,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
         options = build_options(args)
     except UsageError as err:
         print(f"{protocol.WORKER_PREFIX}error: {err}", file=sys.stderr)
-        return protocol.ExitCode.PORT_IN_USE if isinstance(err, PortInUse) else protocol.ExitCode.INVALID
+        return protocol.ExitCode.PORT_IN_USE if isinstance(err, CannotListen) else protocol.ExitCode.INVALID
     for warning in options.warnings:
         print(f"{protocol.WORKER_PREFIX}warning: {warning}", file=sys.stderr)
     if options.distributed is not None:  # imports mlx: only after validation

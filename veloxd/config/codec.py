@@ -118,11 +118,11 @@ def _kv_from_dict(data: Mapping[str, Any]) -> KVCacheConfig:
     for own in OWN_KEYS:
         if data.get(own) is not None:
             values[own] = data[own]
-    return KVCacheConfig.from_dict({name: kv_number(value) for name, value in values.items()})
+    return KVCacheConfig.from_dict({name: whole_as_int(value) for name, value in values.items()})
 
 
-def kv_number(value: Any) -> Any:
-    """A KV setting as KVCacheConfig takes it: JSON Schema's "integer" admits 32.0, the config wants 32."""
+def whole_as_int(value: Any) -> Any:
+    """A number as the code takes it: JSON Schema's "integer" admits 32.0, KVCacheConfig and a port want 32."""
     return int(value) if isinstance(value, float) and value.is_integer() else value
 
 
@@ -136,11 +136,12 @@ def _coerce(f: dataclasses.Field, value: Any) -> Any:
     if f.metadata.get("convert"):
         return f.metadata["convert"](value)
     kind = f.metadata["schema"].get("type")
+    kinds = set(kind) if isinstance(kind, list) else {kind}  # ["integer", "null"]: a nullable integer
     if value is None or isinstance(value, bool):
         return value
-    if kind == "integer" and isinstance(value, float) and value.is_integer():
+    if "integer" in kinds and isinstance(value, float) and value.is_integer():
         return int(value)
-    if kind == "number" and isinstance(value, int):
+    if "number" in kinds and isinstance(value, int):
         return float(value)
     if isinstance(value, Mapping):
         return dict(value)

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Set as AbstractSet
 from typing import Any
 
-from veloxd.config.codec import kv_number
+from veloxd.config.codec import whole_as_int
 from veloxd.kv import registry
 from veloxd.kv.config import OWN_KEYS, settings
 from veloxd.kv.config_rules import KVConfigError, broken_rules, check_setting
@@ -48,7 +48,7 @@ def _written(raw: dict[str, Any], refused: AbstractSet[tuple]) -> dict[str, Any]
     found = dict(overrides) if isinstance(overrides, dict) and ("overrides",) not in refused else {}
     found = {name: value for name, value in found.items() if name in names and name not in OWN_KEYS}
     found.update({own: raw[own] for own in OWN_KEYS if raw.get(own) is not None})
-    return {name: kv_number(value) for name, value in found.items() if _path(name) not in refused}
+    return {name: whole_as_int(value) for name, value in found.items() if _path(name) not in refused}
 
 
 def _path(name: str) -> tuple:

@@ -7,6 +7,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from veloxd.config.codec import whole_as_int
 from veloxd.config.errors import ConfigError, ConfigIssue, json_path, one_line, short_repr
 from veloxd.config.gateway import GATEWAY_NAME
 from veloxd.config.gateway_checks import (
@@ -172,7 +173,7 @@ def _endpoints(raw_servers: dict[str, Any]) -> dict[str, tuple[str, int]]:
     for name, raw in raw_servers.items():
         if not isinstance(raw, dict):
             continue
-        host, port = raw.get("host", ServerEntry.host), raw.get("port")
+        host, port = raw.get("host", ServerEntry.host), whole_as_int(raw.get("port"))  # 8080.0 is port 8080
         if isinstance(host, str) and isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
             out[name] = (host, port)
     return out

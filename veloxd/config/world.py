@@ -1,8 +1,8 @@
 """Facts of the world an entry needs at the moment it starts, as opposed to the validity of the file.
 
-A model path that does not exist *yet*, an adapter still being copied, a port another process
-holds, an unset `api_key_env` variable: none of these makes veloxd.yaml wrong, and each can
-clear by itself. The loader reports them as warnings (`veloxd check`); the daemon puts only the
+A model path that does not exist *yet*, an adapter still being copied, a host name that does not
+resolve yet (or an address the machine does not have yet), a port another process holds, an
+unset `api_key_env` variable: none of these makes veloxd.yaml wrong, and each can clear by itself. The loader reports them as warnings (`veloxd check`); the daemon puts only the
 entry concerned in the WAITING state and looks again when a watch or its recheck schedule says so.
 """
 
@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import Any
 
 from veloxd.checks import near_siblings
-from veloxd.endpoints import port_holder, port_in_use
+from veloxd.endpoints import cannot_listen_on, port_holder, port_in_use
 
 
 @dataclass(frozen=True)
 class Condition:
     """One unmet condition of an entry: where in the entry it comes from, and what is wrong."""
 
-    kind: str  # "model_path" | "adapter_path" | "port" | "env"
+    kind: str  # "model_path" | "adapter_path" | "host" | "port" | "env"
     path: tuple[str, ...]  # the entry's key it concerns, e.g. ("model",)
     message: str
 
@@ -78,7 +78,8 @@ def entry_conditions(entry: Any, environ: Mapping[str, str] | None = None, *, po
     """Every unmet condition of `entry` (a ServerEntry) right now; [] when it can start.
 
     `ports=False` skips the port (for `veloxd check`, which runs next to the daemon whose own
-    workers hold the ports).
+    workers hold the ports), not the host: a name that does not resolve or an address that is not
+    this machine's.
     """
     environ = os.environ if environ is None else environ
     found: list[Condition] = []
@@ -91,7 +92,9 @@ def entry_conditions(entry: Any, environ: Mapping[str, str] | None = None, *, po
     api_key_env = getattr(entry, "api_key_env", None)
     if api_key_env and (problem := env_problem(api_key_env, getattr(entry, "env", {}), environ)):
         found.append(Condition("env", ("api_key_env",), problem))
-    if ports and (problem := port_problem(entry.host, entry.port)):
+    if problem := cannot_listen_on(entry.host):
+        found.append(Condition("host", ("host",), problem))
+    elif ports and (problem := port_problem(entry.host, entry.port)):
         found.append(Condition("port", ("port",), problem))
     return found
 

@@ -11,6 +11,7 @@ import os
 import queue
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -73,6 +74,7 @@ class Daemon:
         self.changes = Changes()  # bumped wherever a fact of the state file changes
         self.state_writer = StateWriter(options.state_dir, self.changes, self.log)
         self._running = True
+        self.step_failures = 0
         self._start_time = process_start_time(os.getpid())
         self._config_dict: tuple[Any, dict[str, Any] | None] = (None, None)
 
@@ -119,7 +121,7 @@ class Daemon:
             control_socket=str(self.control.path),
             worker_command=options.worker_command,
         )
-        self._reload(time.monotonic(), "startup")
+        self._step("reload", self._reload, time.monotonic(), "startup")
         self._write_state()  # at once: `status` should not see the startup verdict late
         try:
             self._loop()
@@ -152,10 +154,25 @@ class Daemon:
                 message = None
             now = time.monotonic()
             if message is not None:
-                self._handle(message, now)
-            self._timers(now)
-            self.ondemand.views.settle(now)  # held gateway views: answered if this turn changed one
-            self._write_state()
+                self._step(type(message).__name__, self._handle, message, now, reply=getattr(message, "reply", None))
+            self._step("timers", self._timers, now)
+            self._step(
+                "views", self.ondemand.views.settle, now
+            )  # held gateway views: answered if this turn changed one
+            self._step("state", self._write_state)
+
+    def _step(self, what: str, step: Callable[..., None], *args: Any, reply: m.Reply | None = None) -> None:
+        """One step of a turn of the loop. A bug in it is logged with its traceback and the daemon goes
+        on: its exit would take every worker down with it (their lifelines close), and a good server
+        must never pay for the daemon's own fault. `reply`: a waiting client gets an answer now."""
+        try:
+            step(*args)
+        except Exception as err:
+            self.step_failures += 1
+            self.changes.bump()
+            self.log.exception("daemon_step_failed", step=what, error=f"{type(err).__name__}: {err}")
+            if reply is not None:
+                reply.send({"ok": False, "error": f"the daemon failed ({type(err).__name__}: {err}); see its log"})
 
     def _next_wakeup(self, now: float) -> float:
         deadlines = [
@@ -375,6 +392,7 @@ class Daemon:
                 "state_write_error": self.state_writer.error,  # seen by `veloxd status` through the control socket
                 "worker_command": options.worker_command,
                 "stopping": self._stopping,
+                "step_failures": self.step_failures,  # daemon_step_failed events: a bug to report
             },
             "config_path": str(options.config_path),
             "config": self._config_as_dict(),  # secrets redacted

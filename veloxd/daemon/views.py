@@ -122,6 +122,11 @@ def render_status(state: dict[str, Any]) -> str:
     lines += log_write_lines(daemon.get("log_write"))
     if daemon.get("state_write_error"):
         lines.append(f"state file: cannot be written ({daemon['state_write_error']}); shown as the daemon answered")
+    if daemon.get("step_failures"):
+        lines.append(
+            f"daemon: {daemon['step_failures']} internal error(s) caught, servers kept "
+            "(daemon_step_failed in its log, with the traceback: please report it)"
+        )
     dashboard = state.get("dashboard")
     gateway = (state.get("servers") or {}).get("@gateway")  # serves the dashboard when there is one
     if dashboard:

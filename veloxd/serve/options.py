@@ -8,7 +8,6 @@ the model loads). No mlx import.
 from __future__ import annotations
 
 import os
-import socket
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -16,6 +15,7 @@ from typing import Any
 
 from veloxd import entry_bounds, protocol
 from veloxd.checks import SIZE_HELP, host_problem, is_loopback, parse_size, resolve_model
+from veloxd.endpoints import cannot_listen_on, port_in_use
 from veloxd.kv import registry
 from veloxd.kv.config import OWN_KEYS, KVCacheConfig, KVConfigError, field_named, fields_for, parse_value
 from veloxd.kv.refusals import not_applicable
@@ -26,8 +26,9 @@ class UsageError(ValueError):
     """A user mistake in the worker's flags; the message names the flag or field."""
 
 
-class PortInUse(UsageError):
-    """--port is held by another process: not the flag's fault, and it may clear (exit PORT_IN_USE)."""
+class CannotListen(UsageError):
+    """--host/--port cannot be listened on now (the port held by another process, the address not
+    this machine's yet): not the flag's fault, and it may clear (exit PORT_IN_USE)."""
 
 
 @dataclass(frozen=True)
@@ -164,18 +165,12 @@ def kv_flag(field: str) -> str:
 
 
 def check_port_free(host: str, port: int) -> None:
-    """Fail fast (before loading weights) when another process holds host:port."""
-    try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
-    except socket.gaierror as err:
-        raise UsageError(f"--host {host}: cannot resolve ({err.strerror})") from None
-    family, _, _, _, address = infos[0]
-    with socket.socket(family, socket.SOCK_STREAM) as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            probe.bind(address)
-        except OSError as err:
-            raise PortInUse(f"--port {port}: port {port} on {host} is already in use ({err.strerror})") from None
+    """Fail fast (before loading weights) when this machine cannot listen on host:port now: the
+    host does not resolve or is not this machine's, or another process holds the port."""
+    if problem := cannot_listen_on(host):
+        raise CannotListen(f"--host {host}: {problem}")
+    if port_in_use(host, port):
+        raise CannotListen(f"--port {port}: port {port} on {host} is already in use")
 
 
 def flag_name(key: str) -> str:
