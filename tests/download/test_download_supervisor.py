@@ -81,19 +81,28 @@ def test_a_fatal_verdict_is_fatal_at_once_with_the_message(tmp_path: Path) -> No
     assert len(spawner.children) == 1  # no retry, no worker
 
 
-def test_network_trouble_backs_off_and_downloads_again(tmp_path: Path) -> None:
+def test_an_unreachable_hub_or_a_full_disk_waits_and_heals_never_fatal(tmp_path: Path) -> None:
+    """Conditions of the world, not failures (an audit found a 17 s hub outage made an entry FATAL for
+    good): the entry waits, naming the cause, looks again on the recheck schedule (1 s doubling,
+    capped), counts no failure, and the download that works at last starts the worker."""
     sup, spawner, _ = setup(tmp_path)
     server = sup.servers["a"]
-    line(sup, spawner, 1.0, event="failed", reason="network", message="cannot reach the hub")
-    exit_step(sup, spawner, EXIT_RETRY, 1.0)
-    assert state(server) is S.BACKOFF and server.next_deadline() == 2.0  # backoff_initial_s
-    sup.tick(2.0)
-    assert state(server) is S.DOWNLOADING and len(spawner.children) == 2
-    exit_step(sup, spawner, EXIT_RETRY, 3.0)
-    sup.tick(5.0)
-    exit_step(sup, spawner, EXIT_RETRY, 6.0)  # the third failure within the window: FATAL, with the last message
-    reason = server.fatal_reason
-    assert state(server) is S.FATAL and reason is not None and reason.startswith("3 failures within 600s; last: ")
+    now = 1.0
+    causes = [("network", EXIT_RETRY, "cannot reach the hub; retrying"), ("no_space", EXIT_FATAL, "the disk is full")]
+    for attempt in range(12):  # far past max_failures (3 here)
+        reason, code, message = causes[attempt % 2]
+        line(sup, spawner, now, event="failed", reason=reason, message=message)
+        exit_step(sup, spawner, code, now)
+        assert state(server) is S.WAITING and server.snapshot()["failures"] == 0, attempt
+        assert [c.to_dict() for c in server.waiting_for] == [{"kind": "download", "key": "model", "message": message}]
+        due = server.next_deadline()
+        assert due is not None and due - now == min(30.0, 2.0**attempt)
+        now = due
+        sup.tick(now)
+        assert state(server) is S.DOWNLOADING and len(spawner.children) == attempt + 2
+    line(sup, spawner, now, event="done", total_bytes=10, fetched_bytes=10, revision="c" * 40, path="/p")
+    exit_step(sup, spawner, 0, now)
+    assert state(server) is S.STARTING and spawner.latest("a")[1].argv[:2] == ["veloxd", "serve"]
 
 
 def test_stopping_during_a_download_terminates_the_step(tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from veloxd.endpoints import cannot_listen_on, port_holder, port_in_use
 class Condition:
     """One unmet condition of an entry: where in the entry it comes from, and what is wrong."""
 
-    kind: str  # "model_path" | "adapter_path" | "host" | "port" | "env"
+    kind: str  # "model_path" | "adapter_path" | "host" | "port" | "env" | "download"
     path: tuple[str, ...]  # the entry's key it concerns, e.g. ("model",)
     message: str
 

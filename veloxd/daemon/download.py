@@ -16,6 +16,11 @@ from veloxd.download.progress import Meter, should_report
 from veloxd.download.protocol import percent
 from veloxd.launch import veloxd_argv
 
+# Verdicts of the download step that are conditions of the world, not failures: the hub cannot be
+# reached (or answers 5xx/429), the cache's disk is full. Each can clear by itself, so the entry
+# waits and looks again on the recheck schedule, never counting a failure towards FATAL.
+WAITS_ON: frozenset[str] = frozenset({"network", "no_space"})
+
 
 def needs_download(model: str, env: Mapping[str, str]) -> bool:
     """A Hugging Face model that is not complete in the cache the worker would read."""

@@ -16,7 +16,7 @@ from typing import Any
 from veloxd import protocol
 from veloxd.config.world import Condition, entry_conditions
 from veloxd.daemon import liveness
-from veloxd.daemon.download import DownloadPhase, needs_download
+from veloxd.daemon.download import WAITS_ON, DownloadPhase, needs_download
 from veloxd.daemon.exits import UNFIXABLE_EXIT, PortTaken, after_exit
 from veloxd.daemon.models import model_prints
 from veloxd.daemon.process import Child, describe_exit, error_line, worker_env
@@ -381,6 +381,9 @@ class ServerProcess:
             **describe_exit(returncode),
             last_lines=self.child.last_lines(),
         )
+        if reason in WAITS_ON:  # the hub unreachable, the disk full: wait for the world, count nothing
+            self._wait(now, [Condition("download", ("model",), message)], model=model)
+            return
         unfixable = message if returncode == UNFIXABLE_EXIT else None
         self._fail(now, "download_failed", unfixable, detail=message, download_reason=reason)
 

@@ -18,7 +18,7 @@ class ServerState(enum.Enum):
 
     STOPPED = "stopped"
     DOWNLOADING = "downloading"  # fetching the model before loading; outside ready_timeout_s
-    WAITING = "waiting"  # a condition of the world (model path, port, env var) is not met yet
+    WAITING = "waiting"  # a condition of the world (model path, host, port, env var, hub, disk) is not met yet
     STARTING = "starting"
     READY = "ready"
     UNRESPONSIVE = "unresponsive"  # ready, then its /health failed N probes in a row: being killed
@@ -30,8 +30,9 @@ class ServerState(enum.Enum):
 S = ServerState
 TRANSITIONS: Final[Mapping[ServerState, frozenset[ServerState]]] = {
     S.STOPPED: frozenset({S.DOWNLOADING, S.STARTING, S.WAITING}),
-    # DOWNLOADING -> STARTING once the model is complete; FATAL = not found, gated, no disk, offline.
-    # DOWNLOADING -> WAITING when, the model complete, the port or an env var is not there yet.
+    # DOWNLOADING -> STARTING once the model is complete; FATAL = not found, gated, unauthorized, offline.
+    # DOWNLOADING -> WAITING when the hub is out of reach or the disk full, or when, the model
+    # complete, the port or an env var is not there yet.
     S.DOWNLOADING: frozenset({S.STARTING, S.WAITING, S.BACKOFF, S.FATAL, S.STOPPING}),
     # WAITING -> STARTING (or DOWNLOADING) once its condition cleared (a watch or the recheck schedule).
     S.WAITING: frozenset({S.DOWNLOADING, S.STARTING, S.STOPPING}),
