@@ -79,6 +79,10 @@ def test_on_demand_and_missing_ports_need_a_gateway(tmp_path: Path) -> None:
         ("$.servers.coder.port", "server 'coder' is missing required key 'port'"),
         ("$.servers.coder.start", "start: on_demand needs a gateway: block"),
     }
+    null = "version: 1\nservers:\n  coder: {model: ./model, method: fp16, port: null}\n"  # as leaving it out
+    assert [(path, message.split(" (")[0]) for _, _, path, message in issues(write_config(tmp_path, null))] == [
+        ("$.servers.coder.port", "port: null needs a gateway: block")
+    ]
 
 
 def test_aliases_idle_budget_and_auth_change_live_and_host_port_restart_the_gateway(tmp_path: Path) -> None:

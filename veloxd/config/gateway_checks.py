@@ -38,6 +38,13 @@ def check_routing(raw_servers: Mapping[str, Any], has_gateway: bool) -> Problems
     for name, raw in raw_servers.items():
         if not isinstance(raw, dict):
             continue
+        if not has_gateway and "port" in raw and raw["port"] is None:
+            problems.append(
+                (
+                    ("servers", name, "port"),
+                    "port: null needs a gateway: block (servers behind it get a port assigned); give a port",
+                )
+            )
         if not has_gateway and raw.get("start") == "on_demand":
             problems.append(
                 (

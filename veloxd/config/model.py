@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
-from veloxd import protocol
+from veloxd import entry_bounds, protocol
 from veloxd.config.codec import entry_from_dict, entry_to_dict, flat_keys, worker_settings
 from veloxd.config.gateway import ASSIGNED_PORTS
 from veloxd.config.keys import API_KEY_ENV_SCHEMA, ENV_SCHEMA, HOST_SCHEMA, PATH_OR_NULL_SCHEMA, key, seconds, section
@@ -39,9 +39,10 @@ class ServerEntry:
     port: int = key(
         None,
         help="TCP port of this server's OpenAI-compatible API; host:port pairs must be unique. "
-        "May be left out when a `gateway:` block is present: then assigned from "
-        f"{ASSIGNED_PORTS[0]}-{ASSIGNED_PORTS[1]} (a hash of the name, the same on every reload).",
-        schema={"type": ["integer", "null"], "minimum": 1, "maximum": 65535},
+        "May be left out (or null) when a `gateway:` block is present: then assigned from "
+        f"{ASSIGNED_PORTS[0]}-{ASSIGNED_PORTS[1]} (a hash of the name, skipping ports other entries "
+        "give: the same on every reload while those stay).",
+        schema={**entry_bounds.PORT, "type": ["integer", "null"]},
     )
     host: str = key(
         "127.0.0.1",
