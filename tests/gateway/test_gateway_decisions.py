@@ -42,14 +42,24 @@ def test_unloads_idle_on_demand_servers_least_recently_used_first() -> None:
 
 
 def test_never_unloads_always_or_busy_servers_and_says_why_it_refuses() -> None:
-    residents = [resident("pinned", 6 * MB, 0.0, on_demand=False), resident("busy", 3 * MB, 0.0, busy=True)]
-    decision = admit("new", 4 * MB, residents, budget=10 * MB)
-    assert decision == Refuse(4 * MB, 10 * MB, 9 * MB, "even after unloading every idle on-demand server")
+    """The message names what stays after unloading every idle on-demand server (an audit found it
+    named every resident's need, idle ones included, as 'in use')."""
+    residents = [
+        resident("pinned", 6 * MB, 0.0, on_demand=False),
+        resident("busy", 3 * MB, 0.0, busy=True),
+        resident("idle", 5 * MB, 0.0),
+    ]
+    decision = admit("new", 4 * MB, residents, budget=12 * MB)
+    assert decision == Refuse(4 * MB, 12 * MB, 14 * MB, "even after unloading every idle on-demand server", kept=9 * MB)
     assert decision.message("new") == (  # in units a person reads; the raw bytes are the error's fields
-        "cannot start 'new': it needs 3.8 MiB, the memory budget is 9.5 MiB and 8.6 MiB are in use "
-        "(even after unloading every idle on-demand server)"
+        "cannot start 'new': it needs 3.8 MiB of the memory budget of 11.4 MiB, and the servers that cannot be "
+        "unloaded (start: always, or busy) need 8.6 MiB of it (even after unloading every idle on-demand server)"
     )
-    assert admit("huge", 11 * MB, [], budget=10 * MB) == Refuse(11 * MB, 10 * MB, 0, "more than the whole budget")
+    huge = admit("huge", 11 * MB, [], budget=10 * MB)
+    assert huge == Refuse(11 * MB, 10 * MB, 0, "more than the whole budget")
+    assert (
+        huge.message("huge") == "cannot start 'huge': it needs 10.5 MiB, more than the whole memory budget of 9.5 MiB"
+    )
 
 
 def test_the_server_being_admitted_does_not_count_against_itself() -> None:

@@ -230,7 +230,7 @@ def test_admission_unloads_the_idle_server_or_refuses_with_the_numbers(harness: 
     error = body["error"]
     assert status == 503 and error["code"] == "server_unavailable"
     assert (error["need"], error["budget"]) == (1_000_000, 500_000)
-    assert "needs 976.6 KiB" in error["message"] and "budget is 488.3 KiB" in error["message"]
+    assert "needs 976.6 KiB" in error["message"] and "memory budget of 488.3 KiB" in error["message"]
     event = h.wait_event("admission_refused", server="one")
     assert (event["need"], event["budget"]) == (1_000_000, 500_000)
     assert h.server(GATEWAY)["pid"] == gateway_pid  # the budget applied without restarting the gateway

@@ -163,7 +163,7 @@ def test_memory_admission_with_measured_needs(tmp_path: Path, request: pytest.Fi
         with pytest.raises(openai.APIStatusError) as refused:
             api.completions.create(model="one", prompt="x", max_tokens=2)
         assert refused.value.status_code == 503
-        assert f"needs {gib(need)}" in str(refused.value) and f"budget is {gib(need // 2)}" in str(refused.value)
+        assert f"needs {gib(need)}" in str(refused.value) and f"memory budget of {gib(need // 2)}" in str(refused.value)
         assert h.wait_event("admission_refused", server="one")["need"] == need
     finally:
         h.cleanup()

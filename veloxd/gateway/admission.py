@@ -33,13 +33,16 @@ class Admit:
 class Refuse:
     need: int
     budget: int
-    in_use: int
+    in_use: int  # the needs of every other resident server
     reason: str
+    kept: int = 0  # of in_use, what stays after unloading every idle on-demand server (always, busy)
 
     def message(self, name: str) -> str:
+        if self.need > self.budget:
+            return f"cannot start '{name}': it needs {gib(self.need)}, more than the whole memory budget of {gib(self.budget)}"
         return (
-            f"cannot start '{name}': it needs {gib(self.need)}, the memory budget is {gib(self.budget)} "
-            f"and {gib(self.in_use)} are in use ({self.reason})"
+            f"cannot start '{name}': it needs {gib(self.need)} of the memory budget of {gib(self.budget)}, and the "
+            f"servers that cannot be unloaded (start: always, or busy) need {gib(self.kept)} of it ({self.reason})"
         )
 
 
@@ -64,7 +67,7 @@ def admit(name: str, need: int, residents: Sequence[Resident], budget: int | Non
         free += resident.need
     if need <= free:
         return Admit(tuple(unload))
-    return Refuse(need, budget, in_use, "even after unloading every idle on-demand server")
+    return Refuse(need, budget, in_use, "even after unloading every idle on-demand server", kept=budget - free)
 
 
 def idle(residents: Iterable[Resident], now: float) -> list[str]:

@@ -231,10 +231,15 @@ class Fleet:
                     need=decision.need,
                     budget=decision.budget,
                     in_use=decision.in_use,
+                    kept=decision.kept,
                     reason=decision.reason,
                 )
                 raise Unavailable(
-                    decision.message(name), need=decision.need, budget=decision.budget, in_use=decision.in_use
+                    decision.message(name),
+                    need=decision.need,
+                    budget=decision.budget,
+                    in_use=decision.in_use,
+                    kept=decision.kept,
                 )
             for victim in decision.unload:
                 self.slots[victim].unloading = True
