@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import plistlib
 import sys
+from collections.abc import Callable
 
 import pytest
 
@@ -193,4 +194,110 @@ def test_without_launchctl_install_says_to_use_systemd(h: LaunchdHarness) -> Non
     done = h.install(PATH="/nonexistent")
     assert done.returncode == 2
     assert "launchctl not found on PATH" in done.stderr and "--systemd" in done.stderr
+    assert not (h.home / "Library").exists()
+
+
+def test_reinstall_whose_plist_cannot_be_written_leaves_the_old_job_running(h: LaunchdHarness) -> None:
+    """The new plist is written before the bootout: when it cannot be, the old job is not touched."""
+    assert h.install().returncode == 0
+    h.calls()
+    agents = h.plist.parent
+    for child in agents.iterdir():
+        child.unlink()
+    agents.rmdir()
+    agents.symlink_to(h.root / "unmounted-volume")  # root cannot write through a link to nowhere either
+
+    done = h.install(HF_HOME=str(h.root / "hf"))  # a changed plist: a replace
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-2:] == [
+        f"veloxd install: cannot write {h.plist}: {agents} is a broken symlink; nothing was changed",
+        "veloxd install: fix the cause above and run `veloxd install` again (re-running is safe)",
+    ]
+    assert "Traceback" not in done.stderr
+    assert h.calls() == [f"launchctl print {TARGET}"]  # never booted out
+    assert h.is_marked("loaded", LABEL)
+
+
+def test_a_failed_bootout_leaves_the_old_plist_and_no_staged_file(h: LaunchdHarness) -> None:
+    assert h.install().returncode == 0
+    first = h.plist.read_bytes()
+    h.fail("launchctl", "bootout", 1, "Boot-out failed: 1: Operation not permitted")
+    done = h.install(HF_HOME=str(h.root / "hf"))
+    assert done.returncode == 1
+    assert "Boot-out failed: 1: Operation not permitted" in done.stderr
+    assert h.plist.read_bytes() == first
+    assert sorted(p.name for p in h.plist.parent.iterdir()) == [h.plist.name]  # the staged plist is gone
+    assert h.is_marked("loaded", LABEL)
+
+
+def _agents_dir_is_a_file(h: LaunchdHarness) -> str:
+    h.plist.parent.parent.mkdir(parents=True)
+    h.plist.parent.write_text("not a directory")
+    return f"cannot read {h.plist}: {h.plist.parent} is not a directory"
+
+
+def _plist_is_a_directory(h: LaunchdHarness) -> str:
+    h.plist.mkdir(parents=True)
+    return f"cannot read {h.plist}: Is a directory"
+
+
+@pytest.mark.parametrize("command", ["install", "uninstall"])
+@pytest.mark.parametrize("setup", [_agents_dir_is_a_file, _plist_is_a_directory])
+def test_a_plist_path_that_cannot_be_read_is_one_line_before_launchctl(
+    h: LaunchdHarness, command: str, setup: Callable[[LaunchdHarness], str]
+) -> None:
+    message = setup(h)
+    h.mark("loaded", LABEL, f"{h.plist}\n")  # a job launchd still holds: uninstall must not boot it out
+    done = h.install() if command == "install" else h.run("uninstall")
+    assert done.returncode == 1
+    errors = [line for line in done.stderr.splitlines() if line.startswith(f"veloxd {command}: ")]
+    assert errors[0] == f"veloxd {command}: {message}"
+    assert "Traceback" not in done.stderr
+    assert h.calls() == []
+    assert h.is_marked("loaded", LABEL)
+
+
+def test_uninstall_bootout_eio_hints_at_the_domain_not_at_login_items(h: LaunchdHarness) -> None:
+    assert h.install().returncode == 0
+    h.fail("launchctl", "bootout", 5, "Boot-out failed: 5: Input/output error")
+    done = h.run("uninstall")
+    assert done.returncode == 1
+    assert "Boot-out failed: 5: Input/output error" in done.stderr
+    assert f"see which domain holds the job (`launchctl print {TARGET}`" in done.stderr
+    assert "Allow in the Background" not in done.stderr and "print-disabled" not in done.stderr
+    assert h.plist.exists()
+
+
+def test_install_config_that_is_a_directory_says_so(h: LaunchdHarness) -> None:
+    done = h.run("install", "--config", str(h.config.parent))
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        f"veloxd install: config path is a directory, not a file: {h.config.parent} (pass --config FILE)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("flag", "where", "message"),
+    [
+        ("--state-dir", "file", "cannot create the state directory {root}/file: {root}/file is not a directory"),
+        ("--state-dir", "file/state", "cannot create the state directory {root}/file/state: {root}/file is not a directory"),
+        ("--log-file", "file/logs/veloxd.jsonl", "cannot create the log directory {root}/file/logs: {root}/file is not a directory"),
+        ("--log-file", "conf", "log file {root}/conf is a directory (pass --log-file FILE)"),
+    ],
+)  # fmt: skip
+def test_install_refuses_log_and_state_paths_that_cannot_be_made(
+    h: LaunchdHarness, flag: str, where: str, message: str
+) -> None:
+    (h.root / "file").write_text("in the way")
+    # The other of the two paths is a good one, which must not be created either.
+    good = (
+        ("--log-file", str(h.root / "logs" / "x.jsonl"))
+        if flag == "--state-dir"
+        else ("--state-dir", str(h.root / "state"))
+    )
+    done = h.install(flag, str(h.root / where), *good)
+    assert done.returncode == 2
+    assert done.stderr.strip() == f"veloxd install: {message.format(root=h.root)}"
+    assert h.calls() == []
+    assert not (h.root / "logs").exists() and not (h.root / "state").exists()  # nothing half made
     assert not (h.home / "Library").exists()

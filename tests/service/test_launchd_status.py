@@ -157,3 +157,52 @@ def test_veloxd_status_reports_launchd_view_even_without_a_state_file(tmp_path: 
     assert data["launchd"]["loaded"] is True and data["launchd"]["disabled"] is True
     assert data["daemon_alive"] is False
     assert "DISABLED" in h.run("status", "--state-dir", str(state_dir)).stdout
+
+
+def _hung_launchctl(tmp_path: Path) -> tuple[Path, Path]:
+    """A launchctl that records its arguments, then never answers (exec: the timeout kills sleep itself)."""
+    fake, calls = tmp_path / "hung-bin", tmp_path / "hung-calls.log"
+    fake.mkdir()
+    (fake / "launchctl").write_text(f'#!/bin/sh\necho "$*" >> "{calls}"\nexec sleep 600\n')
+    (fake / "launchctl").chmod(0o755)
+    return fake, calls
+
+
+def test_a_hung_launchctl_is_reported_as_such_and_asked_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, calls = _hung_launchctl(tmp_path)
+    monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin")
+    status = launchctl.launchd_status(LABEL, timeout=0.5)
+    assert status is not None and status["loaded"] is None
+    assert status["error"] == "launchctl print did not answer within 0.5 s"
+    assert format_status(status) == f"launchd: {LABEL} unknown: launchctl print did not answer within 0.5 s"
+    assert calls.read_text().splitlines() == [f"print {TARGET}"]  # print-disabled was not asked
+
+
+def test_veloxd_status_with_a_hung_launchctl_does_not_say_not_loaded(tmp_path: Path) -> None:
+    h = LaunchdHarness(tmp_path)
+    fake, calls = _hung_launchctl(tmp_path)
+    done = h.run("status", "--state-dir", str(tmp_path / "no-daemon"), PATH=f"{fake}:/usr/bin:/bin")
+    assert done.returncode == 1  # no daemon state, as without launchd
+    expected = f"launchctl print did not answer within {launchctl.STATUS_TIMEOUT_S:g} s"
+    assert done.stdout.splitlines() == [f"launchd: {LABEL} unknown: {expected}"]
+    assert "not loaded" not in done.stdout + done.stderr
+    assert calls.read_text().splitlines() == [f"print {TARGET}"]
+
+
+def test_a_hung_print_disabled_leaves_loaded_known_and_disabled_unknown(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (tmp_path / "print.txt").write_text(RUNNING)
+    (fake / "launchctl").write_text(
+        f'#!/bin/sh\n[ "$1" = print ] && exec cat "{tmp_path / "print.txt"}"\nexec sleep 600\n'
+    )
+    (fake / "launchctl").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{fake}:/usr/bin:/bin")
+    status = launchctl.launchd_status(LABEL, timeout=0.5)
+    assert status is not None and status["loaded"] is True and status["pid"] == 4242
+    assert format_status(status) == (
+        f"launchd: {LABEL} loaded, state running, pid 4242; whether it is disabled is unknown: "
+        "launchctl print-disabled did not answer within 0.5 s"
+    )

@@ -12,6 +12,7 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Sequence
 
 from veloxd import __version__
 
@@ -36,6 +37,20 @@ COMMANDS = {
 }
 
 
+class CommandParser(argparse.ArgumentParser):
+    """A subcommand's parser that refuses its own unknown arguments. argparse's subparsers parse with
+    parse_known_args and hand the leftovers up to the top-level parser, whose error then shows
+    `veloxd`'s usage instead of the command's (`veloxd check --bogus` would not show check's options)."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, extra = super().parse_known_args(args, namespace)
+        if extra:
+            self.error(f"unrecognized arguments: {' '.join(extra)}")
+        return parsed, extra
+
+
 def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The whole parser, or, for a known command, one with only its module's subcommands."""
     parser = argparse.ArgumentParser(
@@ -43,7 +58,7 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         description="Serve several MLX models at once, each with a compressed KV cache, from one YAML file.",
     )
     parser.add_argument("--version", action="version", version=f"veloxd {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=CommandParser)
     modules = [COMMANDS[command]] if command in COMMANDS else list(dict.fromkeys(COMMANDS.values()))
     for name in modules:
         importlib.import_module(name).register(sub)

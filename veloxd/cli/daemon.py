@@ -30,6 +30,14 @@ def state_dir_arg(p: argparse.ArgumentParser) -> None:
     )
 
 
+def count(text: str) -> int:
+    """argparse type of --lines: a count, so a negative one is a usage error, not a crash later."""
+    value = int(text)  # argparse turns the ValueError into "invalid count value"
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
 def register(sub: argparse._SubParsersAction) -> None:
     from veloxd.daemon.logs import LOG_FORMATS  # here: `plan` and `web` import this module for state_dir_arg only
 
@@ -98,7 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.description = daemon_help.description("logs")
     p.add_argument("--server", metavar="NAME", help="only lines whose `server` is NAME")
     p.add_argument("--follow", "-f", action="store_true", help="keep printing new lines")
-    p.add_argument("--lines", "-n", type=int, metavar="N", help="only the last N matching lines")
+    p.add_argument("--lines", "-n", type=count, metavar="N", help="only the last N matching lines")
     p.add_argument("--log-file", type=Path, help="log file (default: the running daemon's, else the default)")
     p.add_argument(
         "--pretty",
@@ -124,7 +132,11 @@ def run(args: argparse.Namespace) -> int:
 
     config = (args.config or paths.default_config_path()).expanduser().absolute()
     log_file = (args.log_file or paths.default_log_file()).expanduser().absolute()
-    worker = shlex.split(args.worker_command) if args.worker_command else default_worker_command()
+    try:
+        worker = shlex.split(args.worker_command) if args.worker_command else default_worker_command()
+    except ValueError as err:  # shlex: "No closing quotation", "No escaped character"
+        print(f"veloxd run: error: --worker-command {args.worker_command!r}: {err}", file=sys.stderr)
+        return 2
     if not worker:
         print("veloxd run: error: --worker-command is empty", file=sys.stderr)
         return 2
@@ -259,6 +271,9 @@ def logs(args: argparse.Namespace) -> int:
         state = _live_state(_state_dir(args), None)
     recorded = ((state or {}).get("daemon") or {}).get("log_file")
     log_file = (args.log_file or (Path(recorded) if recorded else paths.default_log_file())).expanduser()
+    if log_file.is_dir():
+        print(f"veloxd logs: {log_file} is a directory, not a log file (pass --log-file FILE)", file=sys.stderr)
+        return 2 if args.log_file else 1
     problem = log_mismatch(state, log_file)
     if problem is not None:
         print(f"veloxd logs: {problem}", file=sys.stderr)

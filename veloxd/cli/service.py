@@ -12,7 +12,7 @@ from veloxd.service import agent, launchctl, systemd
 from veloxd.service.gather import InstallError, absolute, gather
 from veloxd.service.plist import plist_bytes
 from veloxd.service.runner import InstallFailed
-from veloxd.service.spec import DEFAULT_LABEL, DEFAULT_UNIT, check_label
+from veloxd.service.spec import DEFAULT_LABEL, DEFAULT_UNIT, AgentSpec, check_label
 from veloxd.service.unit import render_unit
 
 
@@ -41,7 +41,15 @@ def register(sub: argparse._SubParsersAction) -> None:
     install.add_argument("--print", action="store_true", help="print the plist (or unit) and change nothing")
     install.set_defaults(func=run_install)
 
-    uninstall = sub.add_parser("uninstall", help="stop the daemon and remove the LaunchAgent (or systemd unit)")
+    uninstall = sub.add_parser(
+        "uninstall",
+        help="stop the daemon and remove the LaunchAgent (or systemd unit)",
+        description=(
+            "Boot the job out of gui/$UID, waiting for the daemon's clean stop, and remove "
+            "~/Library/LaunchAgents/LABEL.plist (or, with --systemd, `systemctl --user disable --now` and "
+            "remove the unit). Safe to re-run: what is already gone is skipped. A `launchctl disable` is kept."
+        ),
+    )
     _add_common(uninstall)
     uninstall.set_defaults(func=run_uninstall)
 
@@ -83,9 +91,8 @@ def run_install(args: argparse.Namespace) -> int:
     if args.print:
         sys.stdout.write(render_unit(spec) if args.systemd else plist_bytes(spec).decode())
         return 0
-    Path(spec.paths["log_dir"]).mkdir(parents=True, exist_ok=True)  # launchd will not create it for StandardOutPath
-    Path(spec.state_dir).mkdir(parents=True, exist_ok=True, mode=0o700)  # private: the daemon's control socket
     try:
+        _make_dirs(spec)
         line = systemd.install(spec, label) if args.systemd else agent.install(spec)
     except InstallFailed as err:
         print(f"veloxd install: {err}", file=sys.stderr)
@@ -95,6 +102,15 @@ def run_install(args: argparse.Namespace) -> int:
         return 1
     print(line)
     return 0
+
+
+def _make_dirs(spec: AgentSpec) -> None:
+    """gather() refused the paths that cannot be directories; what is left to fail here is permission."""
+    for directory, mode in ((spec.paths["log_dir"], 0o777), (spec.state_dir, 0o700)):  # 0o700: the control socket
+        try:
+            Path(directory).mkdir(parents=True, exist_ok=True, mode=mode)  # launchd will not create either
+        except OSError as err:
+            raise InstallFailed(f"cannot create {directory}: {err.strerror or err}") from None
 
 
 def run_uninstall(args: argparse.Namespace) -> int:

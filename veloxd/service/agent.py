@@ -10,6 +10,7 @@ from pathlib import Path
 
 from veloxd.files import read_or_none, write_atomic
 from veloxd.service import launchctl
+from veloxd.service.pathcheck import os_problem
 from veloxd.service.plist import plist_bytes
 from veloxd.service.runner import InstallFailed
 from veloxd.service.spec import STOP_MARGIN_S, AgentSpec
@@ -48,7 +49,7 @@ def _exit_timeout_of(data: bytes | None) -> float:
 def install(spec: AgentSpec) -> str:
     label, target = spec.label, launchctl.service_target(spec.label)
     path = plist_path(label, spec.home)
-    new, old = plist_bytes(spec), read_or_none(path)
+    new, old = plist_bytes(spec), _read_plist(path)
     printed = launchctl.print_service(label)
     if not printed.ok and not launchctl.is_not_loaded(printed):
         launchctl.fail(printed)
@@ -63,13 +64,7 @@ def install(spec: AgentSpec) -> str:
             launchctl.fail(kicked)
         step = Step.BOOTSTRAP  # unloaded between print and kickstart
 
-    done = []
-    if step is Step.REPLACE:
-        _bootout_and_wait(label, _exit_timeout_of(old))
-        done.append("booted out the old job")
-    if old != new:
-        write_atomic(path, new)
-        done.append(f"wrote {path}")
+    done = _replace_plist(label, path, old, new, step)
     launchctl.check(launchctl.enable(label))
     result, retries = launchctl.bootstrap_with_retry(str(path), bootstrap_deadline_s())
     launchctl.check(result)
@@ -77,6 +72,54 @@ def install(spec: AgentSpec) -> str:
     done.append(f"bootstrapped {path.name} into {launchctl.domain()}{retried}")
     verb = "reinstalled" if step is Step.REPLACE else "installed"
     return f"{verb} {label}: " + ", ".join(done)
+
+
+def _replace_plist(label: str, path: Path, old: bytes | None, new: bytes, step: Step) -> list[str]:
+    """Boot the old job out (REPLACE) and put the new plist in place; what was done, for the report.
+    The new plist is written beside its final name first: whatever keeps it from being written (a
+    parent that is a file, no permission) then stops the install while the old job still runs."""
+    staged = _stage(path, new) if old != new else None
+    done = []
+    if step is Step.REPLACE:
+        try:
+            _bootout_and_wait(label, _exit_timeout_of(old))
+        except BaseException:
+            if staged is not None:
+                staged.unlink(missing_ok=True)
+            raise
+        done.append("booted out the old job")
+    if staged is not None:
+        _commit(staged, path)
+        done.append(f"wrote {path}")
+    return done
+
+
+def _read_plist(path: Path) -> bytes | None:
+    """The installed plist, or None when there is none. One that cannot be read (a directory in its
+    place, a parent that is a file) stops install and uninstall before launchd is asked anything."""
+    try:
+        return read_or_none(path)
+    except OSError as err:
+        raise InstallFailed(f"cannot read {path}: {os_problem(err, path)}") from None
+
+
+def _stage(path: Path, data: bytes) -> Path:
+    # Same directory: the rename into place cannot cross devices. Not named *.plist: launchd never
+    # loads a leftover (an install killed midway) at the next login.
+    staged = path.with_name(f".{path.name}.new")
+    try:
+        write_atomic(staged, data)
+    except OSError as err:
+        raise InstallFailed(f"cannot write {path}: {os_problem(err, staged)}; nothing was changed") from None
+    return staged
+
+
+def _commit(staged: Path, path: Path) -> None:
+    try:
+        os.replace(staged, path)
+    except OSError as err:  # the directory changed under us since the staged write
+        staged.unlink(missing_ok=True)
+        raise InstallFailed(f"cannot write {path}: {os_problem(err, path)}") from None
 
 
 def _bootout_and_wait(label: str, exit_timeout_s: float) -> bool:
@@ -96,10 +139,12 @@ def _bootout_and_wait(label: str, exit_timeout_s: float) -> bool:
 
 def uninstall(label: str, home: str) -> str:
     path = plist_path(label, home)
-    existing = read_or_none(path)
+    existing = _read_plist(path)
+    if existing is not None:
+        _check_removable(path)  # before the bootout: a plist left behind loads the job again at login
     booted = _bootout_and_wait(label, _exit_timeout_of(existing))
     if existing is not None:
-        path.unlink(missing_ok=True)
+        _remove(path, label if booted else None)
     if booted and existing is not None:
         return f"uninstalled {label}: booted out of {launchctl.domain()}, removed {path}"
     if booted:
@@ -107,3 +152,18 @@ def uninstall(label: str, home: str) -> str:
     if existing is not None:
         return f"uninstalled {label}: it was not loaded, removed {path}"
     return f"nothing to uninstall: {label} is not loaded and {path} does not exist"
+
+
+def _check_removable(path: Path) -> None:
+    if not os.access(path.parent, os.W_OK | os.X_OK):
+        raise InstallFailed(f"cannot remove {path}: no write permission on {path.parent}; nothing was changed")
+
+
+def _remove(path: Path, booted_label: str | None) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as err:  # what os.access cannot see: an immutable flag, a sticky directory
+        booted = f"booted out {booted_label}, but " if booted_label else ""
+        raise InstallFailed(
+            f"{booted}cannot remove {path}: {os_problem(err, path)}; remove it by hand, or launchd loads it at the next login"
+        ) from None

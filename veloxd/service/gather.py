@@ -12,6 +12,7 @@ from pathlib import Path
 
 import veloxd
 from veloxd import paths
+from veloxd.service.pathcheck import dir_problem
 from veloxd.service.spec import FORWARDED_ENV, AgentSpec
 
 
@@ -87,6 +88,8 @@ def _imports_veloxd(python: str, env: dict[str, str], cwd: str) -> bool:
 
 def gather(label: str, config: str | None, log_file: str | None = None, state_dir: str | None = None) -> Gathered:
     config_path = absolute(config if config else paths.default_config_path())
+    if os.path.isdir(config_path):
+        raise InstallError(f"config path is a directory, not a file: {config_path} (pass --config FILE)")
     if not os.path.isfile(config_path):
         raise InstallError(f"config file not found: {config_path} (create it, or pass --config FILE)")
     home = absolute(Path.home())
@@ -103,9 +106,21 @@ def gather(label: str, config: str | None, log_file: str | None = None, state_di
         max_stop_timeout_s=stop_timeout,
         extra_env=extra_env,
     )
+    _check_dirs(spec)
     gathered = Gathered(spec, [note] if note else [])
     _ensure_importable(gathered)
     return gathered
+
+
+def _check_dirs(spec: AgentSpec) -> None:
+    """install creates the log and state directories (launchd creates neither): refuse, before anything is
+    written, a path that cannot be one, so the install is not left half done."""
+    if os.path.isdir(spec.log_file):
+        raise InstallError(f"log file {spec.log_file} is a directory (pass --log-file FILE)")
+    for role, directory in (("log directory", spec.paths["log_dir"]), ("state directory", spec.state_dir)):
+        problem = dir_problem(Path(directory))
+        if problem is not None:
+            raise InstallError(f"cannot create the {role} {directory}: {problem}")
 
 
 def _ensure_importable(gathered: Gathered) -> None:

@@ -24,6 +24,9 @@ TRANSIENT_BOOTSTRAP_CODES = frozenset({5, 37})
 TRANSIENT_BOOTSTRAP_TEXT = ("Input/output error", "Operation already in progress")
 BOOTSTRAP_DEADLINE_S = 15.0
 RETRY_INTERVAL_S = 0.25
+# `veloxd status` asks launchd once, for a report: a launchctl that takes longer is hung, and saying so
+# beats waiting out COMMAND_TIMEOUT_S (meant for bootout and bootstrap, which do real work).
+STATUS_TIMEOUT_S = 5.0
 
 
 def available() -> bool:
@@ -44,13 +47,24 @@ def run(*args: str, timeout: float = COMMAND_TIMEOUT_S) -> Result:
 
 def fail(result: Result) -> NoReturn:
     """Raise CommandError with launchctl's own text, plus a hint for the failures users actually hit."""
-    hint = ""
-    if is_transient_bootstrap_failure(result) or result.returncode == 119:
-        hint = (
+    raise CommandError(result, _hint(result))
+
+
+def _hint(result: Result) -> str:
+    """What to look at next; each verb fails for its own reasons, so the hint depends on the verb."""
+    verb, operand = (result.argv[1:3] + ["", ""])[:2]  # ["launchctl", verb, target or domain, ...]
+    if verb == "bootstrap" and (is_transient_bootstrap_failure(result) or result.returncode == 119):
+        return (
             f"If it persists: is the job disabled (`launchctl print-disabled {domain()}`), or switched off in "
             "System Settings > General > Login Items > Allow in the Background?"
         )
-    raise CommandError(result, hint)
+    if verb == "bootout" and result.returncode == 5:
+        # bootout's EIO is launchd's catch-all; most often the job is held in another domain than gui/UID.
+        return (
+            f"If it persists: see which domain holds the job (`launchctl print {operand}`; one loaded with sudo "
+            "lives in system/, not gui/), and whether this session has a GUI login (over SSH it may not)"
+        )
+    return ""
 
 
 def check(result: Result) -> Result:
@@ -67,8 +81,8 @@ def is_transient_bootstrap_failure(result: Result) -> bool:
     return result.returncode in TRANSIENT_BOOTSTRAP_CODES or any(t in result.text for t in TRANSIENT_BOOTSTRAP_TEXT)
 
 
-def print_service(label: str) -> Result:
-    return run("print", service_target(label))
+def print_service(label: str, timeout: float = COMMAND_TIMEOUT_S) -> Result:
+    return run("print", service_target(label), timeout=timeout)
 
 
 def bootout(label: str, timeout: float = COMMAND_TIMEOUT_S) -> Result:
@@ -158,13 +172,19 @@ def status_from_print(print_result: Result, disabled_text: str, label: str) -> d
     }
 
 
-def launchd_status(label: str) -> dict[str, Any] | None:
-    """What launchd knows about the job; None when there is no launchctl (not macOS)."""
+def launchd_status(label: str, timeout: float = STATUS_TIMEOUT_S) -> dict[str, Any] | None:
+    """What launchd knows about the job; None when there is no launchctl (not macOS). A launchctl that
+    does not answer is reported as such (`error`), never as "not loaded", and is not asked twice."""
     if not available():
         return None
-    printed = print_service(label)
-    disabled = run("print-disabled", domain())
-    return status_from_print(printed, disabled.stdout if disabled.ok else "", label)
+    printed = print_service(label, timeout=timeout)
+    if printed.timed_out:
+        return {**status_from_print(printed, "", label), "loaded": None, "error": printed.text}  # JSON: null
+    disabled = run("print-disabled", domain(), timeout=timeout)
+    status = status_from_print(printed, disabled.stdout if disabled.ok else "", label)
+    if disabled.timed_out:
+        status["error"] = disabled.text  # loaded or not is known; whether it is disabled is not
+    return status
 
 
 def format_status(status: dict[str, Any] | None) -> str:
@@ -172,6 +192,8 @@ def format_status(status: dict[str, Any] | None) -> str:
     if status is None:
         return "launchd: not available (no launchctl on PATH)"
     label = status["label"]
+    if status["loaded"] is None:
+        return f"launchd: {label} unknown: {status['error']}"
     if status["loaded"]:
         parts = [f"state {status['raw_state'] or 'unknown'}", f"pid {status['pid']}" if status["pid"] else "no pid"]
         if status["last_exit_status"] is not None:
@@ -181,6 +203,8 @@ def format_status(status: dict[str, Any] | None) -> str:
         line = f"launchd: {label} loaded, " + ", ".join(parts)
     else:
         line = f"launchd: {label} not loaded"
+    if status.get("error"):
+        line = f"{line}; whether it is disabled is unknown: {status['error']}"
     if status["disabled"]:
         return (
             f"{line}; DISABLED: run `launchctl enable {service_target(label)}` and `veloxd install`, and check"

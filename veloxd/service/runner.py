@@ -15,6 +15,7 @@ class Result:
     returncode: int
     stdout: str
     stderr: str
+    timed_out: bool = False  # killed at its timeout: it said nothing, so nothing may be read into its exit code
 
     @property
     def ok(self) -> bool:
@@ -41,7 +42,7 @@ def run_tool(argv: list[str], timeout: float = COMMAND_TIMEOUT_S) -> Result:
     try:
         done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        return Result(argv, 124, "", f"{argv[0]} {argv[1]} did not answer within {timeout:g} s")
+        return Result(argv, 124, "", f"{argv[0]} {argv[1]} did not answer within {timeout:g} s", timed_out=True)
     except OSError as err:  # vanished from PATH between the check and the call, or not executable
         return Result(argv, 127, "", f"cannot run {argv[0]}: {err.strerror or err}")
     return Result(argv, done.returncode, done.stdout, done.stderr)
