@@ -192,7 +192,10 @@ def kv_per_token_text(row: Mapping[str, Any]) -> str:
 
 def render_table(table: Mapping[str, Any]) -> list[str]:
     """The memory table as text lines (`veloxd status`, `veloxd plan`)."""
-    lines = [f"memory: budget {gib(table['budget'])} ({table['budget_source']}), in use {gib(table['in_use'])}"]
+    # in_use is the NEED of the running servers (what admission counts), not a reading of memory
+    lines = [
+        f"memory: budget {gib(table['budget'])} ({table['budget_source']}), running servers need {gib(table['in_use'])}"
+    ]
     header = ("NAME", "START", "STATE", "NEED", "WEIGHTS", "KV/TOKEN", "CONTEXT", "CONCURRENCY")
     rows = [header]
     for name, row in table["servers"].items():
