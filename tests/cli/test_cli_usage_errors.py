@@ -48,3 +48,16 @@ def test_uninstall_help_describes_what_it_does() -> None:
     assert done.returncode == 0, done.stderr
     shown = " ".join(done.stdout.split())
     assert "Boot the job out of gui/$UID" in shown and "remove ~/Library/LaunchAgents/LABEL.plist" in shown
+
+
+def test_status_with_a_state_file_cut_short_says_so_not_that_the_daemon_never_ran(tmp_path: Path) -> None:
+    (tmp_path / "state.json").write_text('{"schema_version": 1, "daem')
+    done = run_veloxd("status", "--state-dir", str(tmp_path))
+    assert done.returncode == 1
+    assert done.stderr.splitlines()[-1] == (
+        f"veloxd status: the state file {tmp_path / 'state.json'} cannot be read as the daemon's state "
+        "(not a JSON object: cut short, or another file)"
+    )
+    (tmp_path / "state.json").unlink()
+    absent = run_veloxd("status", "--state-dir", str(tmp_path))
+    assert absent.stderr.splitlines()[-1] == f"veloxd status: no state file in {tmp_path} (the daemon has not run)"

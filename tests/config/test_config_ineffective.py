@@ -46,6 +46,17 @@ CASES = [
             "aliases do nothing without a gateway: block (only the gateway routes requests by model name)",
         ),
     ),
+    (
+        "pyramid-beta-without-pyramid",
+        ALONE.replace("fp16", "snapkv") + "    overrides:\n      snapkv_pyramid_beta: 10\n",
+        (
+            8,
+            7,
+            "$.servers.coder.overrides.snapkv_pyramid_beta",
+            "snapkv_pyramid_beta does nothing unless snapkv_pyramid: true "
+            "(set it in overrides too, or remove snapkv_pyramid_beta)",
+        ),
+    ),
 ]
 
 
@@ -62,8 +73,9 @@ def test_a_key_that_does_nothing_is_a_located_warning(tmp_path: Path, text: str,
     [
         GATEWAY + "    start: on_demand\n    idle_unload_s: 30\n    aliases: [assistant]\n",
         ALONE + "    idle_unload_s: null\n    aliases: []\n",  # as `check --effective` writes the defaults
+        ALONE.replace("fp16", "snapkv") + "    overrides: {snapkv_pyramid: true, snapkv_pyramid_beta: 10}\n",
     ],
-    ids=["on-demand-behind-a-gateway", "defaults-written-out"],
+    ids=["on-demand-behind-a-gateway", "defaults-written-out", "pyramid-on"],
 )
 def test_keys_that_take_effect_are_not_flagged(tmp_path: Path, text: str) -> None:
     result = inspect_config(write_config(tmp_path, text, dedent=False))

@@ -19,6 +19,13 @@ def test_empty_file(tmp_path: Path, text: str) -> None:
     assert "the file is empty" in message
 
 
+@pytest.mark.parametrize("text", ["null\n", "# a comment\n~\n", "---\n"])
+def test_a_file_holding_only_null_is_not_called_empty(tmp_path: Path, text: str) -> None:
+    line, column, path, message = only_issue(write_config(tmp_path, text))
+    assert (line, column, path) == (1, 1, "$")
+    assert message.startswith("the file holds only null: write 'version: 1'"), message
+
+
 @pytest.mark.parametrize(
     ("text", "what"),
     [

@@ -168,7 +168,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def status(args: argparse.Namespace) -> int:
-    from veloxd.daemon.statefile import read_state
+    from veloxd.daemon.statefile import read_state, state_path
     from veloxd.daemon.views import daemon_alive, render_status, status_code
     from veloxd.service.launchctl import format_status, launchd_status
 
@@ -182,7 +182,18 @@ def status(args: argparse.Namespace) -> int:
     if launchd is not None:
         print(format_status(launchd))
     if state is None:
-        print(f"veloxd status: no state file in {_state_dir(args)} (the daemon has not run)", file=sys.stderr)
+        path = state_path(_state_dir(args))
+        why = (
+            "cannot be read as the daemon's state (not a JSON object: cut short, or another file)"
+            if path.is_file()
+            else None
+        )
+        print(
+            f"veloxd status: the state file {path} {why}"
+            if why
+            else f"veloxd status: no state file in {_state_dir(args)} (the daemon has not run)",
+            file=sys.stderr,
+        )
         return status_code(state)
     print(render_status(state))
     return status_code(state)

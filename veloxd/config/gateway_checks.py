@@ -9,6 +9,7 @@ from typing import Any
 from veloxd.config.gateway import Gateway, assign_port
 from veloxd.config.model import ServerEntry
 from veloxd.config.semantic import Problems, _check_host, check_sizes
+from veloxd.kv.config_rules import ENABLED_BY
 
 
 def check_gateway(raw: Any, bad_keys: set[str]) -> tuple[Gateway | None, Problems]:
@@ -80,6 +81,15 @@ def ineffective_keys(raw_servers: Mapping[str, Any], has_gateway: bool, refused:
                     "(the gateway unloads only start: on_demand servers when idle)",
                 )
             )
+        overrides = raw.get("overrides")
+        for setting, switch in ENABLED_BY.items():
+            if isinstance(overrides, dict) and setting in overrides and overrides.get(switch) is not True:
+                problems.append(
+                    (
+                        (*where, "overrides", setting),
+                        f"{setting} does nothing unless {switch}: true (set it in overrides too, or remove {setting})",
+                    )
+                )
         # A worker answers to its entry name only; the aliases live in the gateway's routing table.
         if raw.get("aliases") and not has_gateway:
             problems.append(

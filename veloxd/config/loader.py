@@ -76,9 +76,10 @@ def inspect_config(path: str | os.PathLike) -> Inspection:
     issues += yaml_issues
     data, spans = parsed.data, parsed.spans
     if data is None:
+        blank = all(not line.strip() or line.lstrip().startswith("#") for line in source.text.splitlines())
+        what = "the file is empty" if blank else "the file holds only null"
         return _invalid(
-            issues
-            + [ConfigIssue(file, 1, 1, "$", f"the file is empty: write 'version: {VERSION}' and a 'servers' mapping")]
+            issues + [ConfigIssue(file, 1, 1, "$", f"{what}: write 'version: {VERSION}' and a 'servers' mapping")]
         )
     if not isinstance(data, dict):
         return _invalid(

@@ -84,7 +84,7 @@ class ServerEntry:
     )
     description: str = key(
         "",
-        help="Free text shown by `veloxd status`; changing it restarts nothing.",
+        help="Free text shown under the name on the dashboard and in `veloxd status --json`; changing it restarts nothing.",
         schema={"type": "string", "maxLength": 1000},
         live=True,
     )

@@ -44,6 +44,11 @@ def check_setting(f: dataclasses.Field, value: Any, method: str) -> None:
         raise KVConfigError(f.name, f"{f.name}={value!r} for method {method}: must be <= {meta['maximum']}")
 
 
+# Settings that take effect only while another (boolean) setting is on: written alone they do
+# nothing, which `veloxd check` reports as a warning (the file works, not as its author meant).
+ENABLED_BY: dict[str, str] = {"snapkv_pyramid_beta": "snapkv_pyramid"}
+
+
 def check_cross_fields(settings: Mapping[str, Any]) -> None:
     """Rules beyond one setting's own range (a multiple of, odd, below another setting): the first
     broken one raises. `settings` is every field by name (`KVCacheConfig.to_dict()`): this module
