@@ -41,6 +41,13 @@ REFUSED: list[tuple[str, dict, str, str]] = [
     (TEXT, {"prompt": 5}, "prompt", "prompt must be a string (one prompt per request), got integer"),
     (TEXT, {"prompt": ["a", "b"]}, "prompt", "got array"),
     (TEXT, {}, "prompt", "prompt is required"),
+    # from an audit: an empty prompt killed the generation thread (the worker exited); an
+    # out-of-range seed raised after the prefill and the connection dropped with no answer
+    (TEXT, {"prompt": ""}, "prompt", "prompt must not be empty"),
+    (TEXT, {"prompt": "hi", "seed": -1}, "seed", "seed must be between 0 and 2^64 - 1, got -1"),
+    (CHAT, {"messages": HI, "seed": 2**64}, "seed", "seed must be between 0 and 2^64 - 1"),
+    (CHAT, {"messages": HI, "stop": ""}, "stop", "stop must be a non-empty string"),
+    (CHAT, {"messages": [{"role": "user"}]}, "messages[0].content", "messages[0].content is required for role user"),
 ]
 ACCEPTED: list[tuple[str, dict]] = [
     (CHAT, {"messages": HI, "stop": None, "n": 1, "tools": None}),
@@ -48,6 +55,7 @@ ACCEPTED: list[tuple[str, dict]] = [
     (CHAT, {"messages": [{"role": "assistant", "content": None}, *HI], "stop": ["a", "b"]}),
     (CHAT, {"messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}]}),
     (TEXT, {"prompt": "hi", "max_tokens": 2, "seed": 3}),
+    (TEXT, {"prompt": "hi", "max_tokens": 2, "seed": 2**64 - 1}),
 ]
 
 

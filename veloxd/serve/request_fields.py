@@ -55,7 +55,7 @@ class FieldProblem:
 
 def problem(path: str, body: dict[str, Any]) -> FieldProblem | None:
     """The first field of `body` (a request to `path`) that mlx_lm would fail on, or None."""
-    checks = [_numbers(body), _stop(body.get("stop")), _objects(body), _n(body.get("n"))]
+    checks = [_numbers(body), _seed(body.get("seed")), _stop(body.get("stop")), _objects(body), _n(body.get("n"))]
     if path in CHAT_PATHS:
         checks = [_messages(body.get("messages")), _tools(body.get("tools")), *checks]
     elif path in TEXT_PATHS:
@@ -75,6 +75,8 @@ def _messages(messages: Any) -> FieldProblem | None:
         if not isinstance(message.get("role"), str):
             return FieldProblem(f"{where}.role", f"{where}.role must be a string, got {json_kind(message.get('role'))}")
         content = message.get("content")
+        if content is None and message["role"] != "assistant":  # only an assistant turn may be all tool calls
+            return FieldProblem(f"{where}.content", f"{where}.content is required for role {message['role']}")
         if content is not None and not isinstance(content, (str, list)):
             return FieldProblem(
                 f"{where}.content",
@@ -87,6 +89,8 @@ def _messages(messages: Any) -> FieldProblem | None:
 
 def _prompt(body: dict[str, Any]) -> FieldProblem | None:
     prompt = body.get("prompt")
+    if prompt == "":  # no tokens to start from: mlx_lm's batch generator raises in its thread, which dies
+        return FieldProblem("prompt", "prompt must not be empty")
     if isinstance(prompt, str):
         return None
     if prompt is None:
@@ -100,7 +104,16 @@ def _tools(tools: Any) -> FieldProblem | None:
     return FieldProblem("tools", f"tools must be a list of tool objects, got {_shown(tools)}")
 
 
+def _seed(seed: Any) -> FieldProblem | None:
+    # mx.random.seed takes an unsigned 64-bit integer; anything else raises after the prefill
+    if seed is None or isinstance(seed, bool) or not isinstance(seed, int) or 0 <= seed < 2**64:
+        return None  # a wrong type is mlx_lm's own check (400); a boolean is _numbers'
+    return FieldProblem("seed", f"seed must be between 0 and 2^64 - 1, got {seed}")
+
+
 def _stop(stop: Any) -> FieldProblem | None:
+    if stop == "":
+        return FieldProblem("stop", "stop must be a non-empty string (or left out)")
     if stop is None or isinstance(stop, str):
         return None
     if not isinstance(stop, list):

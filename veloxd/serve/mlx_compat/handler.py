@@ -64,6 +64,7 @@ def handler_class(
 
         def handle_one_request(self) -> None:
             """Request line and headers within `timeout` in total (a keep-alive wait for the next one too)."""
+            self._status = 0  # nothing answered yet to this request (a keep-alive connection has had others)
             self._reader.deadline = time.monotonic() + self.timeout
             super().handle_one_request()
             if self._reader.expired:
@@ -237,6 +238,13 @@ def handler_class(
                     watch.tokens,
                     self.max_tokens,
                 )
+            except Exception as err:  # one mlx_lm does not answer: a 500 in OpenAI's shape, never a dropped connection
+                logging.exception("request_failed error=%s", f"{type(err).__name__}: {err}")
+                self.close_connection = True
+                if not self._status:  # else the answer has begun: closing the connection is all that is left
+                    self._send_error(
+                        500, f"the server failed on this request ({type(err).__name__}: {err})", "server_error"
+                    )
 
         def _prompt_fits(self, request: Any, limit: int) -> bool:
             """Count the prompt's tokens before any prefill; answer 400 naming both numbers if too long."""
