@@ -54,7 +54,7 @@ def test_download_reports_progress_then_starts_outside_the_ready_timeout(
         wait_until(
             lambda: ((h.server("tiny").get("download") or {}).get("done_bytes") or 0) >= 2_000_000,
             DEADLINE,
-            what="2 MB reported (whole 1 MiB writes)",
+            what="2 MB reported",
         )
         shown = h.cli("status")
         assert re.search(r"^tiny\s+downloading (\d+)%", shown.stdout, re.M), shown.stdout
@@ -81,7 +81,8 @@ def test_a_killed_download_continues_where_it_stopped(hub: HubStandIn, hub_env: 
         wait_until(lambda: hub.served_bytes(MODEL, "model.safetensors") >= 3_000_000, DEADLINE, what="3 MB served")
         partial = wait_until(
             lambda: next(
-                (p for p in Path(hub_env["HF_HOME"]).rglob("*.incomplete") if p.stat().st_size >= 2 * 1024 * 1024), None
+                (p for p in Path(hub_env["HF_HOME"]).rglob("*.incomplete") if p.stat().st_size >= 1_500_000),
+                None,
             ),
             DEADLINE,
             what="partial",

@@ -13,6 +13,7 @@ import struct
 import subprocess
 import sys
 import termios
+import threading
 from pathlib import Path
 
 from tests.download.conftest import GATED, MODEL, TINY, TOKEN
@@ -94,10 +95,46 @@ def test_an_interrupted_pull_continues_where_it_stopped(hub: HubStandIn, hub_env
     assert not list((Path(hub_env["HF_HOME"]) / "hub").rglob("*.incomplete"))
 
 
+def test_progress_counts_bytes_as_they_arrive(hub: HubStandIn, hub_env: dict[str, str]) -> None:
+    """Every byte the hub sent shows in done_bytes, not only whole write blocks: with the weights
+    held at ~0.5 MB (half a block), a progress line counts all of them."""
+    hub.hold(500_000)
+    seen: list[dict] = []
+
+    def counts_every_byte_sent() -> int:
+        sent = hub.served_bytes(MODEL, "model.safetensors")
+        lines = [e for e in list(seen) if e["event"] == "progress" and e["done_bytes"] == hub.served_bytes(MODEL)]
+        return sent if sent >= 500_000 and lines else 0
+
+    with subprocess.Popen(
+        [sys.executable, "-m", "veloxd", "pull", "--progress-json", "--model", MODEL],
+        env=hub_env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    ) as proc:
+        out = proc.stdout
+        assert out is not None
+        reader = threading.Thread(target=lambda: seen.extend(e for line in out for e in events(line)))
+        reader.start()
+        try:
+            held = wait_until(counts_every_byte_sent, 120, what="a progress line counting every byte sent so far")
+            assert held < CHUNK_BYTES  # the weights are held inside their first write block
+            hub.release()
+            assert proc.wait(120) == 0
+        finally:
+            hub.release()
+            if proc.poll() is None:
+                proc.kill()
+        reader.join(30)
+    assert seen[-1]["event"] == "done" and seen[-1]["fetched_bytes"] == sum(WANTED.values())
+
+
 def test_a_body_broken_off_half_way_continues_in_the_same_pull(hub: HubStandIn, hub_env: dict[str, str]) -> None:
     hub.break_at = 3_000_000  # the first body of every file stops there and the connection drops
     weights = WANTED["model.safetensors"]
-    kept = hub.break_at // CHUNK_BYTES * CHUNK_BYTES  # the whole chunks written before the break
+    kept = hub.break_at  # every byte received before the break is kept (the write buffer is flushed)
     done = pull("--progress-json", "--model", MODEL, env=hub_env)
     assert done.returncode == 0, done.stderr
     first_try, second_try = hub.transfers_of(MODEL, "model.safetensors")

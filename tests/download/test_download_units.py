@@ -4,13 +4,14 @@ a fake clock, the cache completeness check, and the file patterns mlx_lm loads."
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from veloxd.daemon.download import DownloadPhase, needs_download, worker_hub_env
 from veloxd.download import cache
-from veloxd.download.progress import Meter, human_bytes, should_report, summary
+from veloxd.download.progress import RATE_MIN_SPAN_S, RATE_WINDOW_S, Meter, human_bytes, should_report, summary
 from veloxd.download.protocol import EXIT_FATAL, EXIT_RETRY, REASONS, exit_code_for, format_line, parse_line, percent
 
 
@@ -50,6 +51,54 @@ def test_meter_rate_follows_the_last_seconds() -> None:
         meter.update(float(second), 10_000_000 + (second - 10) * 5_000_000)
     assert meter.rate() == pytest.approx(5_000_000)
     assert meter.eta() == pytest.approx((100_000_000 - 60_000_000) / 5_000_000)
+
+
+def _link(rate: float, first_byte_at: float, piece: int = 32 * 1024) -> Callable[[float], int]:
+    """Bytes arrived by time t on a steady link whose first byte comes at `first_byte_at`, in
+    whole `piece`s (the stand-in hub writes 32 KiB at a time; a network read brings what is there)."""
+    return lambda t: 0 if t < first_byte_at else int((t - first_byte_at) * rate) // piece * piece
+
+
+def test_meter_is_right_from_its_first_figure_when_the_first_byte_comes_late() -> None:
+    """Listing and connecting take 3.4 s, then 200 kB/s: no figure until bytes have flowed for
+    RATE_MIN_SPAN_S, then the rate within 10 % and the ETA within 10 % of the real time left.
+    (Counting the 3.4 s of waiting showed ~35 kB/s and ~4 min left for a 42 s download.)"""
+    total, rate = 8_274_563, 200_000.0
+    arrived = _link(rate, first_byte_at=3.4)
+    meter = Meter(total)
+    meter.update(0.0, 0)  # the plan: the reference
+    shown = []
+    for tick in range(1, 42):  # a progress line a second, as `veloxd pull` writes them
+        now = float(tick)
+        meter.update(now, arrived(now))
+        if meter.rate() == 0:
+            assert meter.eta() is None, tick  # no ETA without a rate
+        else:
+            shown.append((now, meter.rate(), meter.eta()))
+    for now, measured, eta in shown:
+        assert measured == pytest.approx(rate, rel=0.10), now
+        real_left = 3.4 + total / rate - now
+        assert eta is not None and eta == pytest.approx(real_left, rel=0.10, abs=1.0), now
+    first_at = shown[0][0]
+    assert 3.4 + RATE_MIN_SPAN_S <= first_at <= 3.4 + RATE_MIN_SPAN_S + 2  # the first tick with bytes, + the span
+    assert len(shown) == 41 - first_at + 1  # from then on, every line has a figure
+
+
+def test_meter_opens_a_new_window_when_the_count_goes_back() -> None:
+    """A file that had to start over drops the count: the rate is measured afresh, never across
+    the drop (which showed 0 B/s for a whole window)."""
+    meter = Meter(100_000_000)
+    meter.update(0.0, 0)
+    for second in range(1, 11):
+        meter.update(float(second), second * 1_000_000)
+    assert meter.rate() == pytest.approx(1_000_000)
+    meter.update(10.5, 2_000_000)  # 8 MB counted back
+    assert meter.rate() == 0 and meter.eta() is None
+    restarted = [(10.5 + s, 2_000_000 + s * 2_000_000) for s in range(1, int(RATE_MIN_SPAN_S) + 2)]
+    for now, done in restarted:
+        meter.update(now, done)
+    assert restarted[-1][0] - 10.5 < RATE_WINDOW_S  # still within a window of the drop
+    assert meter.rate() == pytest.approx(2_000_000)
 
 
 def test_events_are_throttled_to_percent_steps_or_ten_seconds() -> None:

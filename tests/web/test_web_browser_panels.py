@@ -73,7 +73,7 @@ def test_memory_panel_shows_budget_use_needs_and_what_admission_would_unload(
     tab = open_page(browser, page)
     tab.wait_for_selector("#memory:not([hidden]) tr[data-entry='two']", timeout=TIMEOUT_MS)
     summary = tab.locator("#memory-summary").inner_text()
-    assert summary.startswith("budget 1.4 MiB (gateway.memory_budget) · in use ")
+    assert summary.startswith("budget 1.4 MiB (gateway.memory_budget) · running servers need ")
     assert [r for r in tab.eval_on_selector_all("#memory-table tbody tr", "rs => rs.map(r => r.dataset.entry)")] == [
         "alpha",
         "one",

@@ -73,6 +73,7 @@ def pull(repo_id: str, on_event: Event, interval: float = 1.0, workers: int = WO
     )
     done = _Bytes(local)
     meter = Meter(listing.total)
+    meter.update(time.monotonic(), local)  # the reference: bytes counted from here are this run's
     ticking = threading.Event()
 
     def tick() -> None:

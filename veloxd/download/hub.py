@@ -101,7 +101,11 @@ class Listing:
             return 0
 
 
-CHUNK_BYTES = 1 << 20  # a body is written 1 MiB at a time: progress shows, a kill loses at most that
+# The partial file's write buffer: the disk sees 1 MiB blocks (few writes however small the network's
+# reads are), and a kill loses at most that much of a body already received. Progress is counted
+# per network read (`_stream`), not per block: a block takes ~9 s to fill at 120 kB/s, and counting
+# per block made the rate swing between 0 and ~1.75x the real one.
+CHUNK_BYTES = 1 << 20
 STREAM_ATTEMPTS = 5  # a transfer that fails or breaks mid-body continues from where it stopped, this many times
 
 
@@ -148,7 +152,8 @@ def list_model(repo_id: str) -> Listing:
 
 
 def fetch(listing: Listing, file: RemoteFile, on_bytes: Callable[[int], None], cancelled: Callable[[], bool]) -> None:
-    """Bring one blob into the cache, continuing a partial file; `on_bytes` gets each chunk's size."""
+    """Bring one blob into the cache, continuing a partial file; `on_bytes` gets the size of each
+    piece of the body as it arrives (and minus what a restarted file drops)."""
     blob, partial = listing.blob(file), listing.partial(file)
     blob.parent.mkdir(parents=True, exist_ok=True)
     lock = listing.storage.parent / ".locks" / listing.storage.name / f"{file.etag}.lock"
@@ -160,7 +165,7 @@ def fetch(listing: Listing, file: RemoteFile, on_bytes: Callable[[int], None], c
         with WeakFileLock(str(lock)):  # another veloxd pull (or huggingface_hub) on the same blob waits
             if blob.is_file():
                 return
-            with open(partial, "ab") as handle:
+            with open(partial, "ab", buffering=CHUNK_BYTES) as handle:
                 if handle.tell() > file.size:  # not ours to continue: start over
                     on_bytes(-_truncate(handle))
                 for attempt in range(STREAM_ATTEMPTS):
@@ -205,11 +210,15 @@ def _stream(
         hf_raise_for_status(response)
         if resume and response.status_code != 206:  # the server ignored our Range: start over
             on_bytes(-_truncate(handle))
-        for chunk in response.iter_bytes(CHUNK_BYTES):
+        # No chunk size: each piece is what one network read brought (at most the transport's read
+        # size), so progress moves as bytes arrive; the handle's buffer gathers them into
+        # CHUNK_BYTES blocks. A body that breaks keeps every byte received: the buffer is part of
+        # handle.tell(), where the next Range starts, and is flushed when `fetch` closes the file.
+        for piece in response.iter_bytes():
             if cancelled():
                 raise Cancelled()
-            handle.write(chunk)
-            on_bytes(len(chunk))
+            handle.write(piece)
+            on_bytes(len(piece))
     handle.flush()
     if handle.tell() != file.size:
         raise httpx2.RemoteProtocolError(f"{file.path}: got {handle.tell()} of {file.size} bytes")

@@ -9,7 +9,11 @@ from __future__ import annotations
 from collections import deque
 from dataclasses import dataclass, field
 
-RATE_WINDOW_S = 5.0  # long enough to smooth chunk bursts, short enough to follow a slowdown
+RATE_WINDOW_S = 5.0  # long enough to smooth bursty reads, short enough to follow a slowdown
+# No rate (so no ETA) until bytes have been flowing this long: over a shorter span the figure
+# depends on how the bytes happen to be bunched into reads (at 120 kB/s one 32 KiB read more or
+# less moves a 2 s figure by 14 %, a 3 s one by 9 %).
+RATE_MIN_SPAN_S = 3.0
 EVENT_EVERY_S = 10.0  # server_downloading at least this often while bytes arrive...
 EVENT_STEP_PERCENT = 5.0  # ...and at each 5 % step...
 EVENT_MIN_GAP_S = 1.0  # ...but never more than once a second
@@ -17,28 +21,41 @@ EVENT_MIN_GAP_S = 1.0  # ...but never more than once a second
 
 @dataclass
 class Meter:
-    """Bytes done of a total, with the transfer rate over the last RATE_WINDOW_S seconds."""
+    """Bytes done of a total, with the transfer rate over the last RATE_WINDOW_S seconds.
+
+    The first update is the reference (what was there before: a resumed download's bytes, the
+    listing); the window opens at the first update that shows new bytes, so the time spent
+    listing and connecting before the first byte never counts as a slow link, and it reopens when
+    the count goes back (a file that had to start over)."""
 
     total: int
     done: int = 0
-    samples: deque[tuple[float, int]] = field(default_factory=deque)
+    samples: deque[tuple[float, int]] = field(default_factory=deque)  # (time, done) since the window opened
+    _referenced: bool = field(default=False, init=False, repr=False)
 
     def update(self, now: float, done: int, total: int | None = None) -> None:
-        self.done = done
+        previous, self.done = self.done, done
         if total is not None:
             self.total = total
+        if not self._referenced or done < previous:
+            self._referenced = True
+            self.samples.clear()  # the next update with new bytes opens the window
+            return
+        if not self.samples and done == previous:
+            return  # no byte yet since the reference
         self.samples.append((now, done))
         while len(self.samples) > 2 and now - self.samples[1][0] >= RATE_WINDOW_S:
             self.samples.popleft()
 
     def rate(self) -> float:
-        """Bytes per second over the window (0 until two samples are a moment apart)."""
+        """Bytes per second over the window; 0 while unknown (under RATE_MIN_SPAN_S of samples)."""
         if len(self.samples) < 2:
             return 0.0
         (t0, d0), (t1, d1) = self.samples[0], self.samples[-1]
-        return max(0.0, (d1 - d0) / (t1 - t0)) if t1 > t0 else 0.0
+        return (d1 - d0) / (t1 - t0) if t1 - t0 >= RATE_MIN_SPAN_S else 0.0
 
     def eta(self) -> float | None:
+        """Seconds left at the current rate; None while the rate is unknown or nothing moves."""
         rate = self.rate()
         return max(0.0, (self.total - self.done) / rate) if rate > 0 else None
 

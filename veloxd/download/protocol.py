@@ -5,7 +5,8 @@ JSON object with an `event` key:
 
 - `plan`: `model`, `revision` (commit), `files`, `total_bytes` (the files mlx_lm loads),
   `local_bytes` (already on disk, partial files included: a resumed download starts there)
-- `progress`: `done_bytes`, `total_bytes`, `rate_bps` (over the last seconds), `eta_s` (or null)
+- `progress`: `done_bytes` (counted as bytes arrive), `total_bytes`, `rate_bps` (over the last
+  seconds; 0 until bytes have flowed for a few seconds), `eta_s` (null while the rate is 0)
 - `done`: `model`, `revision`, `path` (the snapshot directory), `total_bytes`, `fetched_bytes`
   (transferred by this run), `seconds`
 - `failed`: `reason` (one of REASONS), `message` (names the model and what to do)

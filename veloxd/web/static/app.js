@@ -4,7 +4,11 @@
 "use strict";
 
 const MAX_LOG_LINES = 2000;
-const PALETTE = ["#2f6fbf", "#1a7f37", "#bc4c00", "#8250df", "#cf222e", "#0a7e8c", "#9a6700", "#6e7781"];
+// Ten colours readable on both themes; past ten servers the colours come round again with a dash
+// pattern (dashed, dotted, dash-dot), so the first 40 servers each have a line of their own.
+const PALETTE = ["#2f6fbf", "#1a7f37", "#bc4c00", "#8250df", "#cf222e", "#0a7e8c", "#9a6700", "#6e7781",
+  "#bf3989", "#5c6f00"];
+const DASHES = [[], [6, 3], [2, 3], [8, 3, 2, 3]];
 const page = { servers: [], history: [], logs: [], actions: false, serverActions: ["restart"], historyMax: 900 };
 
 const $ = (id) => document.getElementById(id);
@@ -176,7 +180,7 @@ function renderMemory(m) {
   if (!m) return;
   const budget = m.budget_bytes, used = m.in_use_bytes || 0;
   $("memory-summary").textContent =
-    `budget ${bytes(budget)} (${m.budget_source}) · in use ${bytes(used)}` +
+    `budget ${bytes(budget)} (${m.budget_source}) · running servers need ${bytes(used)}` +
     (m.always_over_budget.length ? ` · over budget from: ${m.always_over_budget.join(", ")}` : "");
   const bar = $("memory-bar");
   bar.style.width = budget ? `${Math.min(100, (100 * used) / budget).toFixed(1)}%` : "0";
@@ -209,17 +213,46 @@ function byteScale(max) {
   for (const u of units) if (max >= u[1]) pick = u;
   return pick;
 }
+function seriesStyle(index) {
+  return { color: PALETTE[index % PALETTE.length], dash: DASHES[Math.floor(index / PALETTE.length) % DASHES.length] };
+}
+const CHART_FONT = "11px system-ui, sans-serif";
+const PLOT_HEIGHT = 180; // the plot with its axis labels; the legend's rows come on top of it
+const LEGEND_ROW = 16, SWATCH = 18, LEGEND_GAP = 14, LEGEND_EDGE = 8;
+function layoutLegend(ctx, names, width) {
+  // Entries left to right, a new row when the next would cross the right edge: every series is
+  // named in full however many there are (a name wider than the chart alone is cut with "…").
+  const room = width - 2 * LEGEND_EDGE;
+  const entries = [];
+  let x = 0, row = 0;
+  names.forEach((name) => {
+    let text = name;
+    const fits = (t) => SWATCH + 4 + ctx.measureText(t).width <= room;
+    while (text.length > 1 && !fits(text + (text === name ? "" : "…"))) text = text.slice(0, -1);
+    if (text !== name) text += "…";
+    const w = Math.ceil(SWATCH + 4 + ctx.measureText(text).width);
+    if (x > 0 && x + w > room) { x = 0; row += 1; }
+    entries.push({ name, text, x: LEGEND_EDGE + x, y: 4 + row * LEGEND_ROW, w, h: LEGEND_ROW - 2 });
+    x += w + LEGEND_GAP;
+  });
+  return { entries, height: names.length ? 4 + (row + 1) * LEGEND_ROW : 0 };
+}
 function drawChart(canvas, key, kind, names) {
   const ratio = window.devicePixelRatio || 1;
-  const width = canvas.clientWidth, height = canvas.clientHeight || 180;
-  canvas.width = width * ratio; canvas.height = height * ratio;
+  const width = canvas.clientWidth;
   const ctx = canvas.getContext("2d");
+  ctx.font = CHART_FONT;
+  const all = page.servers.map((s) => s.name);
+  const legend = layoutLegend(ctx, names, width);
+  const height = PLOT_HEIGHT + legend.height; // the canvas grows by the legend: it never covers the lines
+  canvas.style.height = `${height}px`;
+  canvas.width = width * ratio; canvas.height = height * ratio; // (resets the context's state)
   ctx.scale(ratio, ratio);
   ctx.clearRect(0, 0, width, height);
   const style = getComputedStyle(document.body);
   const muted = style.getPropertyValue("--muted") || "#888", line = style.getPropertyValue("--line") || "#ddd";
   const points = page.history;
-  const left = 64, right = 10, top = 8, bottom = 22;
+  const left = 64, right = 10, top = legend.height + 8, bottom = 22;
   const w = width - left - right, h = height - top - bottom;
   let peak = 0;
   points.forEach((p) => names.forEach((n) => { const v = ((p.servers || {})[n] || {})[key]; if (v > peak) peak = v; }));
@@ -231,7 +264,7 @@ function drawChart(canvas, key, kind, names) {
     const shown = Number((v / scale).toFixed(6));
     return kind === "bytes" ? `${shown} ${unit}` : String(shown);
   };
-  ctx.font = "11px system-ui, sans-serif";
+  ctx.font = CHART_FONT;
   ctx.fillStyle = muted; ctx.strokeStyle = line; ctx.lineWidth = 1;
   canvas.dataset.ticks = "";
   for (let i = 0; i <= ticks; i += 1) {
@@ -243,6 +276,19 @@ function drawChart(canvas, key, kind, names) {
     canvas.dataset.ticks += (i ? "|" : "") + text; // what was drawn, for tests and curious readers
   }
   canvas.dataset.series = names.join("|");
+  canvas.dataset.plotTop = String(top);
+  // A server keeps its colour and dash in both charts: its place among all servers picks them.
+  const styles = names.map((n) => seriesStyle(Math.max(0, all.indexOf(n))));
+  ctx.textAlign = "left"; ctx.textBaseline = "middle"; ctx.lineWidth = 2;
+  legend.entries.forEach((e, i) => {
+    const { color, dash } = styles[i], mid = e.y + e.h / 2;
+    ctx.strokeStyle = color; ctx.setLineDash(dash);
+    ctx.beginPath(); ctx.moveTo(e.x, mid); ctx.lineTo(e.x + SWATCH, mid); ctx.stroke();
+    ctx.fillStyle = color; ctx.fillText(e.text, e.x + SWATCH + 4, mid);
+  });
+  ctx.setLineDash([]);
+  canvas.dataset.legend = JSON.stringify(legend.entries.map((e, i) => ({ ...e, ...styles[i], swatch: SWATCH }))); // as drawn
+  ctx.fillStyle = muted;
   if (points.length < 2) {
     ctx.textAlign = "center"; ctx.fillText("collecting…", left + w / 2, top + h / 2);
     return;
@@ -251,10 +297,8 @@ function drawChart(canvas, key, kind, names) {
   ctx.textAlign = "left"; ctx.textBaseline = "top";
   ctx.fillText(`${duration(span)} ago`, left, top + h + 6);
   ctx.textAlign = "right"; ctx.fillText("now", left + w, top + h + 6);
-  const all = page.servers.map((s) => s.name);
   names.forEach((n, i) => {
-    const color = PALETTE[Math.max(0, all.indexOf(n)) % PALETTE.length]; // a server keeps its color in both charts
-    ctx.strokeStyle = color; ctx.lineWidth = 1.6; ctx.beginPath();
+    ctx.strokeStyle = styles[i].color; ctx.setLineDash(styles[i].dash); ctx.lineWidth = 1.6; ctx.beginPath();
     let drawing = false;
     points.forEach((p) => {
       const v = ((p.servers || {})[n] || {})[key];
@@ -264,9 +308,8 @@ function drawChart(canvas, key, kind, names) {
       drawing = true;
     });
     ctx.stroke();
-    ctx.fillStyle = color; ctx.textAlign = "left"; ctx.textBaseline = "top";
-    ctx.fillText(`■ ${n}`, left + 8 + i * 110, top + 2);
   });
+  ctx.setLineDash([]);
 }
 function renderCharts() {
   const names = page.servers.map((s) => s.name);
