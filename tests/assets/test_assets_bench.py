@@ -230,3 +230,19 @@ def test_speed_benchmark_prefill_only_run_writes_no_decode_context(tmp_path: Pat
     assert "| kivi-4 |" in result.stdout
     refused = run_python("from benchmarks.kv.speed import main\nmain(['--no-decode', '--no-prefill'])\n")
     assert refused.returncode == 2 and "measures nothing" in refused.stderr
+
+
+def test_half_precision_benchmark_times_each_cache_against_fp16_on_the_shipped_model() -> None:
+    """`python -m benchmarks.kv.half`: the shipped float16 model as it ships, fp16 beside the
+    methods asked for, one line each with its median and its speed ÷ fp16."""
+    import re
+
+    result = run_python(
+        "from benchmarks.kv.half import main\nmain(['--steps', '2', '--rounds', '1', '--methods', 'affine'])\n"
+    )
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert lines[0].startswith("tiny-llama (llama, float16 weights), ") and "LD_PRELOAD=" in lines[0]
+    rows = [re.match(r"(\S+)\s+([\d.]+) ms  speed ÷ fp16\s+([\d.]+)$", line) for line in lines[1:]]
+    assert [m[1] for m in rows if m] == ["fp16", "affine"], lines
+    assert all(m and float(m[2]) > 0 for m in rows) and rows[0] and rows[0][3] == "1.00"

@@ -20,6 +20,7 @@ import mlx.core as mx
 
 from veloxd.kv.base import Batchable, LayerSpec, register_cache_class
 from veloxd.kv.config import KVCacheConfig
+from veloxd.kv.ops import qmm
 from veloxd.kv.ops.blockwise import per_kv_head
 from veloxd.kv.ops.dequant import dequantize
 from veloxd.kv.ops.hadamard import Rotation
@@ -65,7 +66,7 @@ def packed_matmul(
         codes, scales, biases = triple
 
         def packed(rows: mx.array) -> mx.array:
-            return mx.quantized_matmul(
+            return qmm.quantized_matmul(
                 rows, codes, scales, biases, transpose=transpose, group_size=group_size, bits=bits
             )
 

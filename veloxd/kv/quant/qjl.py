@@ -22,7 +22,7 @@ import numpy as np
 
 from veloxd.kv.base import Batchable, LayerSpec, register_cache_class
 from veloxd.kv.config import KVCacheConfig
-from veloxd.kv.ops import bitpack
+from veloxd.kv.ops import bitpack, qmm
 from veloxd.kv.ops.blockwise import per_kv_head
 from veloxd.kv.ops.dequant import dequantize
 from veloxd.kv.quant.affine import packed_matmul, quantize_fp16, reads_dense
@@ -81,10 +81,12 @@ class SignSketch:
             # block's signs and one dense matmul
             block = self.unpacked(signs, projected.dtype)  # [B, Hkv, n, m]
             return per_kv_head(projected, lambda rows: rows @ block.swapaxes(-1, -2))
-        scales, biases = self._affine_form(signs, projected.dtype)  # a few rows: read the packed signs
+        scales, biases = self._affine_form(
+            signs, qmm.compute_dtype(projected.dtype)
+        )  # a few rows: read the packed signs
 
         def packed(rows: mx.array) -> mx.array:
-            return mx.quantized_matmul(rows, signs, scales, biases, transpose=True, group_size=self.group, bits=1)
+            return qmm.quantized_matmul(rows, signs, scales, biases, transpose=True, group_size=self.group, bits=1)
 
         return per_kv_head(projected, packed)
 

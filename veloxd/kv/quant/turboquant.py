@@ -32,7 +32,7 @@ import numpy as np
 
 from veloxd.kv.base import Batchable, LayerSpec, register_cache_class
 from veloxd.kv.config import KVCacheConfig
-from veloxd.kv.ops import bitpack
+from veloxd.kv.ops import bitpack, qmm
 from veloxd.kv.ops.blockwise import per_kv_head
 from veloxd.kv.ops.codebooks import codebook
 from veloxd.kv.ops.dequant import dequantize
@@ -103,10 +103,10 @@ class Part:
     def _qmm(self, x: mx.array, packed: mx.array, transpose: bool) -> mx.array:
         """x times this range's uniform levels, read packed (a prefill block is dequantized instead:
         RotatedQuantizer.decoded, as a GEMM through quantized_matmul is ~8x slower on CPU)."""
-        scales, biases, group = self._affine_form(packed, x.dtype)
+        scales, biases, group = self._affine_form(packed, qmm.compute_dtype(x.dtype))
 
         def matmul(rows: mx.array) -> mx.array:
-            return mx.quantized_matmul(
+            return qmm.quantized_matmul(
                 rows, packed, scales, biases, transpose=transpose, group_size=group, bits=self.bits
             )
 
