@@ -20,7 +20,7 @@ from veloxd.config.plan import diff
 from veloxd.config.sections import Health
 from veloxd.daemon import liveness
 from veloxd.daemon import messages as m
-from veloxd.daemon.server import ServerProcess
+from veloxd.daemon.server import ServerProcess, wall_clock
 from veloxd.daemon.state import IllegalTransition, ServerState, transition
 from veloxd.daemon.supervisor import Supervisor
 
@@ -139,11 +139,13 @@ def test_failures_in_a_row_mark_it_unresponsive_then_sigterm_sigkill_and_backoff
     assert child.signals == [signal.SIGTERM, signal.SIGKILL]
     assert names_of(events, "server_killed") == ["a"]
     child.returncode = -signal.SIGKILL
+    exited_after = wall_clock()
     supervisor.on_message(m.ChildExited("a", spawner.latest("a")[0], -signal.SIGKILL), 42.5)
     assert state_of(server) is S.BACKOFF and server.next_deadline() == 43.5  # backoff_initial_s, as a crash
     backoff = next(e for e in events if e["event"] == "server_backoff")
     assert backoff["reason"] == "unresponsive" and backoff["failures"] == 1
     assert server.last_error is not None and server.last_error.startswith("unresponsive: 3 health probes failed")
+    assert exited_after <= server.snapshot()["last_error_at"] <= server.since  # when: the exit's moment
     supervisor.tick(43.5)
     assert state_of(server) is S.STARTING and len(spawner.children) == 2
     assert server.snapshot()["health"] is None

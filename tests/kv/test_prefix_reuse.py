@@ -13,6 +13,8 @@ same tokens builds; each test below is one of the mechanisms it names, on real M
 
 from __future__ import annotations
 
+from typing import Any
+
 import mlx.core as mx
 from mlx_lm.models.cache import LRUPromptCache
 
@@ -28,7 +30,7 @@ from veloxd.kv.quant.tokencache import TokenQuantCache
 ONE_LAYER = LayerSpec(0, 1)
 
 
-def feed(cache, keys: mx.array, values: mx.array, queries: mx.array, start: int, stop: int) -> mx.array:
+def feed(cache: Any, keys: mx.array, values: mx.array, queries: mx.array, start: int, stop: int) -> mx.array:
     """One model step over tokens [start, stop): store them, then attend with their queries."""
     cache.update_and_fetch(keys[:, :, start:stop], values[:, :, start:stop])
     out = cache.attend(queries[:, :, start:stop], SCALE, "causal" if stop - start > 1 else None)
@@ -45,7 +47,8 @@ def test_affine_trim_past_the_window_reads_codes_where_a_fresh_prefill_reads_exa
     trimmed.trim(300 - 216)  # mlx_lm's longer-prompt path: back to a shorter request's prefix
     feed(fresh, k, v, q, 0, 216)
     assert trimmed.window is not None and fresh.window is not None
-    assert int(trimmed.window.valid.sum().item()) == 0 and int(fresh.window.valid.sum().item()) == 32
+    assert trimmed.window.valid.sum().item() == 0 and fresh.window.valid.sum().item() == 32
+    assert trimmed.codec is not None and trimmed.store is not None and fresh.store is not None
     for name in trimmed.codec.fields:  # the codes themselves trim exactly
         assert mx.array_equal(trimmed.store[name][:, :, :216], fresh.store[name][:, :, :216]).item(), name
     after_trim, after_fresh = (feed(c, k, v, q, 216, 217) for c in (trimmed, fresh))
@@ -82,7 +85,7 @@ def test_kivi_prompt_in_two_chunks_reads_the_first_chunk_from_codes() -> None:
 
 
 def snapkv(**fields: int) -> EvictionCache:
-    config = KVCacheConfig(method="snapkv", snapkv_budget=64, snapkv_window=8, **fields)
+    config = KVCacheConfig.from_dict({"method": "snapkv", "snapkv_budget": 64, "snapkv_window": 8, **fields})
     cache = cache_class("snapkv")(config, ONE_LAYER)
     assert isinstance(cache, EvictionCache)
     return cache

@@ -82,6 +82,7 @@ class ServerProcess:
         self.download: DownloadPhase | None = None  # while DOWNLOADING
         self.startup_s: float | None = None
         self.last_error: str | None = None  # what a person should read first after a failure
+        self.last_error_at: str | None = None  # when (UTC): a server ready again still shows its last error
         self._refused: str | None = None  # why this worker's READY line was refused
         self.waiting_for: list[Condition] = []
         self.loaded: tuple[tuple[Any, ...], ...] = ()  # what its local model paths held at the last spawn
@@ -302,7 +303,7 @@ class ServerProcess:
         )
         if not liveness.hung(self.live, policy):
             return
-        self.last_error = f"unresponsive: {self.live.failures} health probes failed in a row (last: {error})"
+        self._note_error(f"unresponsive: {self.live.failures} health probes failed in a row (last: {error})")
         self._become(
             S.UNRESPONSIVE,
             failures=self.live.failures,
@@ -357,7 +358,7 @@ class ServerProcess:
             self._wait(now, [verdict.condition], **where)
             return
         if verdict.last_error is not None:
-            self.last_error = verdict.last_error
+            self._note_error(verdict.last_error)
         self._fail(now, verdict.reason, verdict.unfixable, last_lines=tail)
 
     def _download_exited(self, returncode: int, now: float) -> None:
@@ -370,7 +371,7 @@ class ServerProcess:
             self._start_worker(now)
             return
         reason, message = phase.failure_reason(describe_exit(returncode))
-        self.last_error = message
+        self._note_error(message)
         self.last_exit = {**describe_exit(returncode), "at": wall_clock(), "pid": pid}
         self._log.warning(
             "server_download_failed",
@@ -443,8 +444,11 @@ class ServerProcess:
     def _give_up(self, reason: str, **event: Any) -> None:
         self.fatal_reason = reason
         if "last_lines" not in event:  # else the worker's own last stderr line says more
-            self.last_error = reason
+            self._note_error(reason)
         self._become(S.FATAL, reason=reason, **event)
+
+    def _note_error(self, text: str) -> None:
+        self.last_error, self.last_error_at = text, wall_clock()
 
     def _cancel_probe(self) -> None:
         if self._probe_cancel is not None:
@@ -477,6 +481,7 @@ class ServerProcess:
             "fatal_reason": self.fatal_reason,
             "download": self.download.progress() if self.download is not None else None,
             "last_error": self.last_error,
+            "last_error_at": self.last_error_at,
             "startup_s": self.startup_s,
             # while READY: liveness probes started since, and how many of the last ones failed in a row
             "health": {"probes": self.live.sequence, "failures": self.live.failures} if self.live is not None else None,

@@ -31,6 +31,7 @@ SHOWN = (
     "restarts",
     "last_exit",
     "last_error",
+    "last_error_at",
     "start_time",
     "pgid",
     "stop_timeout_s",

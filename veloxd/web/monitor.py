@@ -224,6 +224,7 @@ class Monitor:
             "on_demand_starts": snap.get("on_demand_starts"),
             "failures": snap.get("failures", 0),
             "last_error": snap.get("last_error") or snap.get("fatal_reason"),
+            "last_error_at": snap.get("last_error_at"),  # the page says when: a ready server keeps its last error
             "download": snap.get("download"),  # while downloading: bytes, percent, rate, ETA
             "requests": sum((stats or {}).get("requests", {}).values()) if stats else None,
             "in_flight": stats.get("in_flight") if stats else None,

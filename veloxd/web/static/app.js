@@ -149,7 +149,7 @@ function renderServers() {
       el("td", "num restarts wide", s.restarts),
       el("td", "num requests wide", num(s.requests)),
       el("td", "num tps", num(s.tokens_per_s, 1)),
-      el("td", "error wide", s.last_error || ""),
+      el("td", "error wide", s.last_error ? `${s.last_error}${s.last_error_at ? ` (at ${s.last_error_at})` : ""}` : ""),
       actions,
     );
     if (body.children[index] !== row) body.insertBefore(row, body.children[index] || null);
