@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.config_support import FIELD_CASES, VALID, entry, issues, model_dir, write_config
+from tests.config_support import FIELD_CASES, VALID, entry, issues, model_dir, only_issue, write_config
 from veloxd import protocol
 from veloxd.config import ConfigError, ServerEntry, inspect_config, load_config
 from veloxd.kv.config import KVCacheConfig
@@ -265,6 +265,25 @@ def test_merge_keys_share_settings(tmp_path: Path) -> None:
         """
     a, b = load_config(write_config(tmp_path, text)).servers.values()
     assert (a.method, b.method, a.sampling.temp, b.sampling.temp) == ("kivi", "fp16", 0.3, 0.3)
+
+
+def test_a_second_merge_key_in_one_mapping_is_a_duplicate_key(tmp_path: Path) -> None:
+    """PyYAML lets the second `<<` silently win or lose; one `<<: [*a, *b]` says what is meant."""
+    text = """\
+        version: 1
+        x-a: &a {model: ./model, method: kivi}
+        x-b: &b {port: 8081}
+        servers:
+          a:
+            <<: *a
+            <<: *b
+        """
+    assert only_issue(write_config(tmp_path, text)) == (
+        7,
+        5,
+        "$.servers.a",
+        "duplicate key '<<' (first written at line 6): merge several mappings with one '<<: [*a, *b]'",
+    )
 
 
 def test_serve_argv_and_restart_keys(tmp_path: Path) -> None:

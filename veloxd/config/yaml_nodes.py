@@ -209,9 +209,18 @@ class _Converter:
             raise YamlProblem(_position(node), f"merges expand to more than {MAX_NODES} values", path)
         own = [(k, v, True) for k, v in node.value if not (isinstance(k, ScalarNode) and k.tag == MERGE)]
         merged: list[tuple[Node, Node, bool]] = []
+        first_merge: int | None = None
         for key_node, value_node in node.value:
             if not (isinstance(key_node, ScalarNode) and key_node.tag == MERGE):
                 continue
+            if first_merge is not None:  # a duplicate key like any other; still merged, so no error follows from it
+                self.problem(
+                    key_node,
+                    path,
+                    f"duplicate key '<<' (first written at line {first_merge}): merge several mappings "
+                    "with one '<<: [*a, *b]'",
+                )
+            first_merge = first_merge or _position(key_node)[0]
             for source in value_node.value if isinstance(value_node, SequenceNode) else [value_node]:
                 if not isinstance(source, MappingNode):
                     self.problem(source, path, "'<<' merges a mapping or a list of mappings")
