@@ -54,7 +54,10 @@ def test_memory_view_says_what_admission_would_do_for_each_stopped_on_demand_ent
     assert decided["small"] == {"fits": True, "would_unload": []}
     assert decided["big"] == {"fits": True, "would_unload": ["idle"]}  # never the busy one, never `always`
     assert decided["huge"]["fits"] is False
-    assert decided["huge"]["message"].startswith("cannot start 'huge': it needs 10.5 MiB, the memory budget is 9.5 MiB")
+    assert (
+        decided["huge"]["message"]
+        == "cannot start 'huge': it needs 10.5 MiB, more than the whole memory budget of 9.5 MiB"
+    )
     assert memory_view(None, {}) is None  # no gateway: no budget, no panel
 
 
