@@ -113,3 +113,15 @@ def test_print_writes_nothing_and_calls_nothing(h: LaunchdHarness) -> None:
     assert "KillMode=mixed" in done.stdout and "Restart=on-failure" in done.stdout
     assert not (h.home / ".config").exists()
     assert h.calls() == []
+
+
+def test_a_unit_path_that_cannot_be_written_or_read_is_one_line_before_systemctl(h: LaunchdHarness) -> None:
+    """A file where ~/.config/systemd/user should be (a directory) stops install and uninstall with
+    one line naming it, and systemctl is never asked anything (a running unit keeps running)."""
+    user_dir = unit_file(h).parent
+    user_dir.parent.mkdir(parents=True, exist_ok=True)
+    user_dir.write_text("not a directory\n")
+    for done in (h.install("--systemd"), h.run("uninstall", "--systemd")):
+        assert done.returncode == 1, done.stderr
+        assert f"{user_dir} is not a directory" in done.stderr and "Traceback" not in done.stderr, done.stderr
+    assert h.calls() == []
