@@ -121,7 +121,8 @@ def test_a_move_to_a_taken_port_keeps_the_server_until_the_port_is_free(tmp_path
         h.write({"alpha": entry(new_port), "beta": entry(beta_port)})
         held = h.wait_event("server_restart_held", server="alpha")
         assert f"port {new_port} on 127.0.0.1 is already in use" in held["reason"], held
-        alpha = h.server("alpha")
+        # the state file is written at the end of the loop turn that logged the event: wait for it
+        alpha = wait_for(lambda: (s := h.server("alpha"))["pending"] and s, 60, "the hold in the state file")
         assert alpha["state"] == "ready" and alpha["pid"] == pid and alpha["port"] == old_port, alpha
         assert alpha["pending"] == "restart held" and f"port {new_port}" in alpha["held_reason"], alpha
         assert http_json(f"http://127.0.0.1:{old_port}/health", timeout=30)[0] == 200  # still serving

@@ -133,7 +133,9 @@ def test_each_failure_gives_its_reason_and_state(hub: HubStandIn, hub_env: dict[
         h.wait_event(
             "server_waiting", timeout=DEADLINE, server="unreachable", after=h.mark()
         )  # a second look: still waiting
-        assert h.server("unreachable")["state"] == "waiting" and h.server("unreachable")["failures"] == 0
+        # the state file is written at the end of the loop turn that logged the event: wait for it
+        again = wait_until(lambda: s if (s := h.server("unreachable"))["state"] == "waiting" else None, DEADLINE)
+        assert again["failures"] == 0 and again["restarts"] == 0
         back = http.server.ThreadingHTTPServer(("127.0.0.1", later), hub._server.RequestHandlerClass)  # the hub is back
         threading.Thread(target=back.serve_forever, daemon=True).start()
         try:
