@@ -29,6 +29,12 @@ SMALL = {  # budgets inside one 256-token capacity step (tests/serve/test_serve_
     "tova": {"tova_budget": 96},
     "h2o": {"h2o_budget": 96, "h2o_window": 32},
 }
+ONE = {  # a budget of 1 (the smallest each allows; it crashed the probe: two lengths under the budget)
+    "streaming_llm": {"streaming_llm_sinks": 0, "streaming_llm_window": 1},
+    "knorm": {"knorm_budget": 1, "knorm_window": 0},
+    "snapkv": {"snapkv_budget": 1, "snapkv_window": 1},
+    "tova": {"tova_budget": 1},
+}
 LENGTHS = (768, 1024)  # multiples of the 256-token capacity step, past every budget above
 DECODE = 40  # generated tokens after the prompt: past snapkv's re-compression window
 
@@ -57,6 +63,7 @@ def filled_bytes(model: Any, caches: list[Any], n: int, generated: int = 0) -> l
 
 CASES = [pytest.param(m, BUDGETS.get(m, {}), id=m) for m in registry.names() if m != "fp16"]
 CASES += [pytest.param(m, fields, id=f"{m}-small") for m, fields in SMALL.items()]
+CASES += [pytest.param(m, fields, id=f"{m}-one") for m, fields in ONE.items()]
 
 
 @pytest.mark.parametrize(("method", "fields"), CASES)

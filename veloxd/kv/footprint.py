@@ -142,18 +142,20 @@ def summary(figure: dict[str, Any], context: int = REPORT_LENGTHS[0]) -> dict[st
 
 
 def probe_lengths(caches: list[Any]) -> tuple[int, int]:
-    """Two lengths, multiples of CAPACITY_STEP where possible, that no eviction budget cuts."""
+    """Two lengths, multiples of CAPACITY_STEP where possible, that no eviction budget cuts. A
+    budget of 1 leaves one length: the other is 0, the caches as made (no prompt run)."""
     budgets = [c.budget for c in caches if hasattr(c, "budget")]
     low, high = PROBE_LENGTHS
     if budgets and min(budgets) < high:
         high = min(budgets)
-        low = max(1, high // 2)
+        low = high // 2
     return low, high
 
 
 def _layer_bytes(feeder: Feeder, caches: list[Any], n: int, generated: int = 0) -> list[int]:
-    """Each layer's nbytes after a prompt of n tokens and `generated` further one-token steps."""
-    probe.run(feeder, caches, 0, n)
+    """Each layer's nbytes after a prompt of n tokens (none: as made) and `generated` further one-token steps."""
+    if n:
+        probe.run(feeder, caches, 0, n)
     for i in range(n, n + generated):
         probe.step(feeder, caches, i)
     return [c.nbytes for c in caches]
