@@ -81,10 +81,11 @@ class PinnedProvider(mlx_server.ModelProvider):
         super()._load(model_path, adapter_path, None)
         context = context_length(getattr(self.model, "args", None), getattr(self.tokenizer, "model_max_length", None))
         self.limits = self.request_limits.resolve(context)
-        if hasattr(self.tokenizer, "model_max_length"):
+        tokenizer = self.tokenizer
+        if tokenizer is not None and hasattr(tokenizer, "model_max_length"):
             # The worker refuses a long prompt itself (a 400 before any prefill, after counting its
             # tokens); transformers would also warn on stderr at every such count.
-            self.tokenizer.model_max_length = int(1e30)  # transformers' own "no limit" (VERY_LARGE_INTEGER)
+            tokenizer.model_max_length = int(1e30)  # transformers' own "no limit" (VERY_LARGE_INTEGER)
         self.is_batchable = self._on_loaded(self.model, self.tokenizer)
         self.loaded.set()
 
