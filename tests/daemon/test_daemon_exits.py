@@ -96,3 +96,27 @@ def test_routine_worker_log_lines_are_not_what_to_read() -> None:
     warned = {"stdout": [], "stderr": ["WARNING request_cancelled reason=shutdown", "INFO kv_figure_saved path=/f"]}
     verdict = after_exit(S.READY, 1, warned, None, timed_out=False, refused=None, **WHERE)
     assert verdict == Crashed("exited", None, "WARNING request_cancelled reason=shutdown")
+
+
+def test_a_ranks_refusal_is_the_groups_account_not_the_launchers_summary() -> None:
+    """From an audit: a distributed group's stderr tags each rank's lines `[rank N] `, so the rank's
+    own `veloxd serve: ...` refusal was missed and status said only 'see last_lines'."""
+    from veloxd.daemon.process import error_line
+
+    refusal = "error: model type 'gemma' has no tensor-parallel sharding in mlx_lm; use parallelism: pipeline"
+    tail = {
+        "stdout": [],
+        "stderr": [
+            f"[rank 0] {protocol.WORKER_PREFIX}{refusal}",
+            "[rank 1] INFO loading",
+            "veloxd launcher: rank 0 (127.0.0.1) exited with code 2; the group stops with it",
+        ],
+    }
+    assert error_line(tail) == refusal
+    verdict = after_exit(S.STARTING, 2, tail, error_line(tail), timed_out=False, refused=None, **WHERE)
+    assert isinstance(verdict, Crashed) and verdict.unfixable == f"worker exited with code 2: {refusal}"
+    crashed = {
+        "stdout": [],
+        "stderr": ["[rank 1] Traceback (most recent call last):", "[rank 1] RuntimeError: ring broke"],
+    }
+    assert error_line(crashed) == "RuntimeError: ring broke"

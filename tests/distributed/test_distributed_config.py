@@ -185,3 +185,13 @@ def test_a_rank_outside_a_group_refuses_before_loading() -> None:
         timeout=120,
     )
     assert done.returncode == 2 and "not one rank of a group" in done.stderr, done.stderr
+
+
+def test_a_hostfile_ip_that_is_not_an_address_is_located_not_a_traceback(tmp_path: Path) -> None:
+    """From an audit: `"ips": ["foo"]` raised in `veloxd check` (a traceback) and in the daemon's
+    reload (daemon_step_failed); it is a located error on the entry's hostfile."""
+    hosts = [{"ssh": "127.0.0.1", "ips": ["foo"]}, {"ssh": "127.0.0.1", "ips": ["127.0.0.1"]}]
+    (tmp_path / "hosts.json").write_text(json.dumps(hosts))
+    _, _, path, message = only_issue(config_with(tmp_path, "  hostfile: hosts.json\n"))
+    assert path == "$.servers.coder.distributed.hostfile"
+    assert "host 0 'ips' entry 'foo' is not an IP address" in message, message

@@ -20,6 +20,7 @@ from typing import IO
 import psutil
 
 from veloxd import protocol
+from veloxd.distributed.rank_lines import split_rank
 from veloxd.launch import veloxd_argv
 
 TAIL_LINES = 20
@@ -194,8 +195,9 @@ ERROR_LINE_MAX = 400
 def error_line(tail: Mapping[str, list[str]]) -> str | None:
     """The worker's own account of why it exited: its last `veloxd serve: ...` line on stderr, with
     the exception it points at ("see the error above") when there is one; else the last line of a
-    Python traceback (`SomeError: message`); else None."""
-    lines = [line.strip() for line in tail.get("stderr", []) if line.strip()]
+    Python traceback (`SomeError: message`); else None. A distributed group's lines are read
+    without their `[rank N] ` tag: a rank's refusal is its worker's own account."""
+    lines = [text.strip() for line in tail.get("stderr", []) if (text := split_rank(line.strip())[1]).strip()]
     said = [line[len(protocol.WORKER_PREFIX) :] for line in lines if line.startswith(protocol.WORKER_PREFIX)]
     said = [line for line in said if not line.startswith("warning:")]
     raised = [line for line in lines if _is_exception_line(line)]

@@ -7,6 +7,7 @@ or just the list of hosts.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -45,6 +46,11 @@ def parse_hostfile(path: Path) -> tuple[list[Rank], str]:
         ips, rdma = host.get("ips", []), host.get("rdma", [])
         if not isinstance(ips, list) or not all(isinstance(ip, str) for ip in ips):
             raise ValueError(f"hostfile {path}: host {index} 'ips' must be a list of addresses")
+        for ip in ips:
+            try:
+                ipaddress.ip_address(ip)
+            except ValueError:
+                raise ValueError(f"hostfile {path}: host {index} 'ips' entry {ip!r} is not an IP address") from None
         if not isinstance(rdma, list):
             raise ValueError(f"hostfile {path}: host {index} 'rdma' must be a list")
         ranks.append(Rank(host["ssh"], tuple(ips), tuple(rdma)))
