@@ -156,9 +156,8 @@ class Daemon:
             if message is not None:
                 self._step(type(message).__name__, self._handle, message, now, reply=getattr(message, "reply", None))
             self._step("timers", self._timers, now)
-            self._step(
-                "views", self.ondemand.views.settle, now
-            )  # held gateway views: answered if this turn changed one
+            # held gateway views: answered if this turn changed one
+            self._step("views", self.ondemand.views.settle, now)
             self._step("state", self._write_state)
 
     def _step(self, what: str, step: Callable[..., None], *args: Any, reply: m.Reply | None = None) -> None:
